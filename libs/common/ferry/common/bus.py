@@ -1,0 +1,281 @@
+"""The bus every service talks through: NATS JetStream streams for commands and events, KV buckets
+for state, core NATS for progress and log reads.
+
+    BusError(FerryError)            the bus cannot be reached or refused an operation
+    └── CasConflict                 a KV update lost a race (re-read and retry)
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+from pydantic import BaseModel
+
+from ferry.common import wire
+from ferry.common.errors import FerryError
+from ferry.common.models import CheckpointRecord, Job, Node, Op, ServiceBeat
+from ferry.common.tracing import inject
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+class BusError(FerryError):
+    """NATS cannot be reached or refused an operation."""
+
+
+class CasConflict(BusError):
+    """A compare-and-set update of a KV record lost a race."""
+
+
+class Table(Generic[M]):
+    """A JetStream KV bucket holding JSON records of one pydantic model."""
+
+    def __init__(self, kv: KeyValue, model: type[M]) -> None:
+        self._kv = kv
+        self._model = model
+
+    async def get(self, key: str) -> M | None:
+        found = await self.get_rev(key)
+        return found[0] if found else None
+
+    async def get_rev(self, key: str) -> tuple[M, int] | None:
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if entry.value is None or entry.revision is None:
+            return None
+        return wire.decode(self._model, entry.value), entry.revision
+
+    async def put(self, key: str, value: M) -> int:
+        return int(await self._kv.put(key, wire.encode(value)))
+
+    async def create(self, key: str, value: M) -> int:
+        try:
+            return int(await self._kv.create(key, wire.encode(value)))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise CasConflict(f"{key} exists already") from exc
+
+    async def update(self, key: str, value: M, revision: int) -> int:
+        try:
+            return int(await self._kv.update(key, wire.encode(value), last=revision))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise CasConflict(f"{key} changed meanwhile") from exc
+
+    async def delete(self, key: str) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self._kv.delete(key)
+
+    async def keys(self, prefix: str = "") -> list[str]:
+        try:
+            keys = await (self._kv.keys(filters=[f"{prefix}>"]) if prefix else self._kv.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+        return sorted(keys)
+
+    async def values(self, prefix: str = "") -> list[M]:
+        found = await asyncio.gather(*(self.get(k) for k in await self.keys(prefix)))
+        return [v for v in found if v is not None]
+
+
+class Bus:
+    """One connection to NATS with Ferry's streams and KV buckets."""
+
+    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+        self.nc = nc
+        self.js = js
+        self.jobs: Table[Job]
+        self.nodes: Table[Node]
+        self.checkpoints: Table[CheckpointRecord]
+        self.ops: Table[Op]
+        self.services: Table[ServiceBeat]
+        self._subs: list[Any] = []
+
+    @classmethod
+    async def connect(cls, url: str, name: str, *, connect_timeout: float = 10.0) -> "Bus":
+        """Connects (retrying until `connect_timeout`) and makes sure streams and buckets exist."""
+        deadline = asyncio.get_running_loop().time() + connect_timeout
+        while True:
+            try:
+                nc = await nats.connect(
+                    url, name=name, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+                )
+                break
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise BusError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from exc
+                await asyncio.sleep(0.3)
+        bus = cls(nc, nc.jetstream(timeout=10))
+        await bus._ensure()
+        return bus
+
+    async def _ensure(self) -> None:
+        try:
+            await self._ensure_stream(
+                api.StreamConfig(
+                    name=wire.CMD_STREAM,
+                    subjects=[wire.CMD_SUBJECTS],
+                    retention=api.RetentionPolicy.WORK_QUEUE,
+                    storage=api.StorageType.FILE,
+                    duplicate_window=120,
+                )
+            )
+            await self._ensure_stream(
+                api.StreamConfig(
+                    name=wire.EVT_STREAM,
+                    subjects=[wire.EVT_SUBJECTS],
+                    retention=api.RetentionPolicy.LIMITS,
+                    storage=api.StorageType.FILE,
+                    max_age=7 * 86400,
+                    max_msgs=1_000_000,
+                    duplicate_window=120,
+                )
+            )
+            self.jobs = Table(await self._bucket(wire.KV_JOBS), Job)
+            self.nodes = Table(await self._bucket(wire.KV_NODES), Node)
+            self.checkpoints = Table(await self._bucket(wire.KV_CHECKPOINTS), CheckpointRecord)
+            self.ops = Table(await self._bucket(wire.KV_OPS), Op)
+            self.services = Table(await self._bucket(wire.KV_SERVICES), ServiceBeat)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot set up JetStream streams and buckets: {exc}") from exc
+
+    async def _ensure_stream(self, config: api.StreamConfig) -> None:
+        try:
+            await self.js.stream_info(config.name or "")
+        except nats.js.errors.NotFoundError:
+            with contextlib.suppress(nats.js.errors.BadRequestError):  # created by a peer meanwhile
+                await self.js.add_stream(config)
+
+    async def _bucket(self, name: str) -> KeyValue:
+        try:
+            return await self.js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            return await self.js.create_key_value(
+                api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE)
+            )
+
+    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
+        """Publishes to JetStream with the current trace context; `msg_id` dedups retries."""
+        headers = inject()
+        if msg_id:
+            headers[wire.MSG_ID_HEADER] = msg_id
+        try:
+            await self.js.publish(subject, wire.encode(message), headers=headers)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise BusError(f"cannot publish to {subject}: {exc or type(exc).__name__}") from exc
+
+    async def publish_core(self, subject: str, message: BaseModel) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self.nc.publish(subject, wire.encode(message), headers=inject())
+
+    async def request(self, subject: str, message: BaseModel, timeout: float = 5.0) -> bytes:
+        try:
+            reply = await self.nc.request(subject, wire.encode(message), timeout=timeout, headers=inject())
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            raise BusError(f"no answer on {subject}: is the node's service running?") from exc
+        return bytes(reply.data)
+
+    async def serve(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> None:
+        """Answers core NATS requests on `subject` (read-only queries like log reads)."""
+        self._subs.append(await self.nc.subscribe(subject, cb=handler))
+
+    async def subscribe(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> Any:
+        sub = await self.nc.subscribe(subject, cb=handler)
+        self._subs.append(sub)
+        return sub
+
+    async def consume(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        subject: str,
+        handler: Handler,
+        concurrency: int = 1,
+        ack_wait: float = 30.0,
+        stop: asyncio.Event,
+    ) -> None:
+        """Runs `handler` on each message of a durable pull consumer until `stop` is set.
+
+        A message is acked after its handler returns; a handler that raises gets it redelivered
+        (after a short delay), except for malformed messages (WireError), which are dropped.
+        With concurrency > 1, up to that many handlers run at once.
+        """
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_ack_pending=max(concurrency * 4, 16),
+            filter_subject=subject,
+        )
+        sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        slots = asyncio.Semaphore(concurrency)
+        running: set[asyncio.Task[None]] = set()
+
+        async def run_one(msg: Msg) -> None:
+            try:
+                await handler(msg)
+            except wire.WireError as exc:
+                log.error("dropping malformed message on %s: %s", msg.subject, exc)
+                await msg.term()
+            except Exception:
+                log.exception("handler failed on %s; it will be redelivered", msg.subject)
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=1.0)
+            else:
+                with contextlib.suppress(Exception):
+                    await msg.ack()
+            finally:
+                slots.release()
+
+        while not stop.is_set():
+            await slots.acquire()
+            if stop.is_set():
+                slots.release()
+                break
+            try:
+                msgs = await sub.fetch(1, timeout=1.0)
+            except (TimeoutError, nats.errors.TimeoutError):
+                slots.release()
+                continue
+            except nats.errors.Error as exc:
+                slots.release()
+                if stop.is_set() or self.nc.is_closed:
+                    break
+                log.warning("fetch on %s failed: %s", durable, exc)
+                await asyncio.sleep(0.5)
+                continue
+            for i, msg in enumerate(msgs):
+                if i:
+                    await slots.acquire()
+                task = asyncio.create_task(run_one(msg))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+
+async def keep_alive(msg: Msg, every: float = 10.0) -> None:
+    """Tells JetStream a long handler is still working on `msg` (cancel when done)."""
+    while True:
+        await asyncio.sleep(every)
+        with contextlib.suppress(Exception):
+            await msg.in_progress()

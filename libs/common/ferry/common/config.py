@@ -1,0 +1,78 @@
+"""Settings shared by every service and the CLI: a YAML file plus FERRY_* environment variables.
+
+Precedence, lowest first: defaults, the file named by FERRY_CONFIG (or --config), FERRY_* variables,
+command-line flags (services apply those last).
+"""
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ferry.common.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    """Every knob of Ferry; each maps to FERRY_<NAME> (FERRY_NATS_URL, FERRY_STORE_URL, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="FERRY_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    store_url: str = ""  # empty: <data_dir>/store
+    data_dir: Path = Path("/var/lib/ferry")
+    addr: str = "127.0.0.1:7070"  # the gRPC admin API
+    token: str = ""  # when set, the API refuses requests without it
+    node_id: str = ""
+    work_dir: Path | None = None  # node services: <data_dir>/nodes/<node_id> when unset
+    criu_bin: str = "criu"
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=5.0, gt=0)
+    drain_timeout_s: float = Field(default=20.0, gt=0)
+    api_timeout_s: float = Field(default=120.0, gt=0)
+    kill_grace_s: float = Field(default=5.0, ge=0)
+    keep_checkpoints: int = Field(default=0, ge=0)  # 0: keep all
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    otel_endpoint: str = ""
+    log_level: str = "INFO"
+
+    def resolved_store_url(self) -> str:
+        return self.store_url or str(self.data_dir / "store")
+
+    def node_work_dir(self) -> Path:
+        if self.work_dir is not None:
+            return self.work_dir
+        if not self.node_id:
+            raise ConfigError("no node id: set FERRY_NODE_ID or pass --node")
+        return self.data_dir / "nodes" / self.node_id
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Reads the YAML file (argument, else FERRY_CONFIG), then FERRY_* variables, then overrides."""
+    path = config_file or os.environ.get("FERRY_CONFIG")
+    file_values: dict[str, Any] = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+        file_values = {k.replace("-", "_"): v for k, v in loaded.items()}
+        unknown = set(file_values) - set(Settings.model_fields)
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(sorted(unknown))}")
+    env_values = {
+        name: os.environ[f"FERRY_{name.upper()}"]
+        for name in Settings.model_fields
+        if f"FERRY_{name.upper()}" in os.environ
+    }
+    values = {**file_values, **env_values, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"invalid setting {field}: {first['msg']}") from exc

@@ -1,0 +1,172 @@
+"""The records Ferry keeps in JetStream KV and sends on the bus: jobs, nodes, checkpoints, ops."""
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def now() -> float:
+    return time.time()
+
+
+def new_id(prefix: str) -> str:
+    """A short, sortable-enough, collision-safe id: `<prefix>-<12 hex>`."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    CHECKPOINTING = "checkpointing"
+    RESTORING = "restoring"
+    MIGRATING = "migrating"
+    PREEMPTED = "preempted"  # stopped with a final checkpoint; restore or migrate brings it back
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
+BUSY_STATES = frozenset({JobState.CHECKPOINTING, JobState.RESTORING, JobState.MIGRATING})
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Job(Record):
+    id: str
+    name: str
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = "/"
+    state: JobState = JobState.PENDING
+    node: str | None = None
+    requested_node: str | None = None
+    restarts: int = 0
+    incarnation: int = 0  # fencing token: bumped whenever the job starts somewhere
+    last_checkpoint: str | None = None
+    checkpoints: int = 0
+    exit_code: int | None = None
+    error: str | None = None
+    reason: str | None = None
+    created: float = Field(default_factory=now)
+    updated: float = Field(default_factory=now)
+    checkpoint_every_s: float = 0.0
+    next_checkpoint_at: float | None = None
+    priority: int = 0
+    op: str | None = None  # the op in flight on this job, if any
+    kill_requested: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    DRAINING = "draining"
+    PREEMPTING = "preempting"
+    LOST = "lost"
+
+
+class Node(Record):
+    id: str
+    state: NodeState = NodeState.READY
+    criu_ok: bool = False
+    criu_version: str | None = None
+    criu_error: str | None = None
+    lazy_pages: bool = False
+    heartbeat: float = Field(default_factory=now)
+    started: float = Field(default_factory=now)
+    cpus: int = 0
+    memory_bytes: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    jobs: list[str] = Field(default_factory=list)
+    address: str = ""
+
+
+class CheckpointRecord(Record):
+    id: str
+    job: str
+    job_name: str = ""
+    parent: str | None = None
+    node: str = ""
+    state: Literal["committed", "failed"] = "committed"
+    created: float = Field(default_factory=now)
+    criu_version: str = ""
+    kernel: str = ""
+    bytes_logical: int = 0
+    bytes_stored: int = 0
+    bytes_uploaded: int = 0
+    freeze_ms: float = 0.0
+    dump_ms: float = 0.0
+    upload_ms: float = 0.0
+    total_ms: float = 0.0
+    manifest_key: str = ""
+    error: str | None = None
+    log_excerpt: list[str] = Field(default_factory=list)
+    final: bool = False
+    incarnation: int = 0
+
+
+class OpKind(StrEnum):
+    SUBMIT = "submit"
+    KILL = "kill"
+    CHECKPOINT = "checkpoint"
+    RESTORE = "restore"
+    MIGRATE = "migrate"
+
+
+class OpState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Op(Record):
+    """One user or scheduler action on a job, tracked until it ends (the API waits on it)."""
+
+    id: str
+    kind: OpKind
+    job: str = ""
+    state: OpState = OpState.PENDING
+    phase: str = ""
+    created: float = Field(default_factory=now)
+    updated: float = Field(default_factory=now)
+    error: str | None = None
+    error_code: int = 0
+    checkpoint: str | None = None
+    restore_ms: float | None = None
+    total_ms: float | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (OpState.DONE, OpState.FAILED)
+
+
+class Event(Record):
+    """What happened, for people and tools: published on `ferry.evt.job.*` and streamed by the API."""
+
+    id: str = Field(default_factory=lambda: new_id("ev"))
+    kind: str
+    job: str = ""
+    node: str = ""
+    time: float = Field(default_factory=now)
+    message: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServiceBeat(Record):
+    """A service's liveness record (KV `ferry_services`), read by `--check` probes."""
+
+    service: str
+    instance: str
+    pid: int
+    ready: bool = False
+    time: float = Field(default_factory=now)

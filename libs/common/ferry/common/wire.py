@@ -1,0 +1,189 @@
+"""Wire formats on the bus, as pure functions: subject names, headers and message bodies.
+
+Subjects (all under `ferry.`):
+    cmd.scheduler                       API -> scheduler commands (work queue)
+    cmd.node.<node>.<service>           scheduler -> checkpointer / migrator commands (work queue)
+    evt.node.<node>.<kind>              node services -> scheduler (stream, durable consumer)
+    evt.job.<job>.<kind>                scheduler -> anyone (user-visible events)
+    progress.<op>                       node -> API progress of a long op (core NATS, not stored)
+    rpc.node.<node>.logs                API -> node log reads (core NATS request/reply)
+"""
+
+import json
+import re
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from ferry.common.errors import FerryError
+from ferry.common.models import CheckpointRecord, Job, OpKind, Record, new_id, now
+
+CMD_STREAM = "FERRY_CMD"
+EVT_STREAM = "FERRY_EVT"
+CMD_SUBJECTS = "ferry.cmd.>"
+EVT_SUBJECTS = "ferry.evt.>"
+KV_JOBS = "ferry_jobs"
+KV_NODES = "ferry_nodes"
+KV_CHECKPOINTS = "ferry_ckpts"
+KV_OPS = "ferry_ops"
+KV_SERVICES = "ferry_services"
+
+SCHEDULER_CMD = "ferry.cmd.scheduler"
+NODE_EVENTS = "ferry.evt.node.>"
+JOB_EVENTS = "ferry.evt.job.>"
+
+NodeService = Literal["checkpointer", "migrator"]
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+class WireError(FerryError):
+    """A message on the bus that does not decode into what its subject promises."""
+
+
+def token(value: str) -> str:
+    """`value` checked as one subject token (no dots, spaces or wildcards)."""
+    if not _TOKEN.match(value):
+        raise WireError(f"{value!r} cannot be used in a subject: use letters, digits, '-' and '_'")
+    return value
+
+
+def node_cmd_subject(node: str, service: NodeService) -> str:
+    return f"ferry.cmd.node.{token(node)}.{service}"
+
+
+def node_event_subject(node: str, kind: str) -> str:
+    return f"ferry.evt.node.{token(node)}.{token(kind)}"
+
+
+def job_event_subject(job: str, kind: str) -> str:
+    return f"ferry.evt.job.{token(job)}.{token(kind)}"
+
+
+def progress_subject(op: str) -> str:
+    return f"ferry.progress.{token(op)}"
+
+
+def logs_subject(node: str) -> str:
+    return f"ferry.rpc.node.{token(node)}.logs"
+
+
+def ckpt_key(job: str, checkpoint: str) -> str:
+    return f"{token(job)}.{token(checkpoint)}"
+
+
+class JobSpec(Record):
+    name: str
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = "/"
+    node: str | None = None
+    checkpoint_every_s: float = 0.0
+    priority: int = 0
+
+
+class SchedulerCommand(Record):
+    """A request for the scheduler; `op` names the Op record the requester watches."""
+
+    op: str
+    kind: OpKind
+    job: str = ""  # job id; empty for submit
+    spec: JobSpec | None = None
+    stop: bool = False
+    node: str | None = None
+    checkpoint: str | None = None
+    grace_s: float = 5.0
+    live: bool = False
+
+
+NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore"]
+
+
+class NodeCommand(Record):
+    id: str = Field(default_factory=lambda: new_id("nc"))
+    kind: NodeCommandKind
+    op: str | None = None
+    job: Job
+    incarnation: int
+    checkpoint: str | None = None
+    parent: str | None = None
+    stop: bool = False
+    grace_s: float = 5.0
+
+
+NodeEventKind = Literal[
+    "started",
+    "launch_failed",
+    "exited",
+    "checkpoint_committed",
+    "checkpoint_failed",
+    "restored",
+    "restore_failed",
+]
+
+
+class NodeEvent(Record):
+    id: str = Field(default_factory=lambda: new_id("ne"))
+    kind: NodeEventKind
+    node: str
+    job: str
+    incarnation: int
+    op: str | None = None
+    time: float = Field(default_factory=now)
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    by_checkpoint: bool = False
+    checkpoint: CheckpointRecord | None = None
+    error: str | None = None
+    error_code: int = 1
+    restore_ms: float | None = None
+
+
+class Progress(Record):
+    op: str
+    phase: str
+    done: int = 0
+    total: int = 0
+
+
+class LogRequest(Record):
+    job: str
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = 0
+    max_bytes: int = 256 * 1024
+
+
+class LogReply(Record):
+    data_hex: str = ""
+    offset: int = 0
+    error: str | None = None
+
+    @property
+    def data(self) -> bytes:
+        return bytes.fromhex(self.data_hex)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode()
+
+
+def decode(model: type[M], data: bytes) -> M:
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        raise WireError(f"malformed {model.__name__}: {exc.errors()[0]['msg']}") from exc
+
+
+def decode_json(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise WireError(f"malformed JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise WireError("malformed JSON: expected an object")
+    return value
