@@ -1,0 +1,308 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobRef(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("name", "argv", "env", "cwd", "node", "checkpoint_every_s", "priority")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_S_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    node: str
+    checkpoint_every_s: float
+    priority: int
+    def __init__(self, name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("all",)
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    all: bool
+    def __init__(self, all: _Optional[bool] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
+class KillJobRequest(_message.Message):
+    __slots__ = ("job", "grace_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    grace_s: float
+    def __init__(self, job: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
+
+class WaitJobRequest(_message.Message):
+    __slots__ = ("job", "timeout_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    timeout_s: float
+    def __init__(self, job: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("job", "stop")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    stop: bool
+    def __init__(self, job: _Optional[str] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("job", "node", "checkpoint")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    node: str
+    checkpoint: str
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...
+
+class MigrateRequest(_message.Message):
+    __slots__ = ("job", "to", "live")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    to: str
+    live: bool
+    def __init__(self, job: _Optional[str] = ..., to: _Optional[str] = ..., live: _Optional[bool] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints",)
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[Checkpoint]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class ReadLogsRequest(_message.Message):
+    __slots__ = ("job", "stream", "follow", "offset")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    stream: str
+    follow: bool
+    offset: int
+    def __init__(self, job: _Optional[str] = ..., stream: _Optional[str] = ..., follow: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("data", "offset")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("id", "name", "argv", "env", "cwd", "state", "node", "restarts", "last_checkpoint", "has_exit_code", "exit_code", "error", "created", "updated", "checkpoint_every_s", "priority", "incarnation", "reason", "checkpoints")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_S_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    state: str
+    node: str
+    restarts: int
+    last_checkpoint: str
+    has_exit_code: bool
+    exit_code: int
+    error: str
+    created: float
+    updated: float
+    checkpoint_every_s: float
+    priority: int
+    incarnation: int
+    reason: str
+    checkpoints: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., state: _Optional[str] = ..., node: _Optional[str] = ..., restarts: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., error: _Optional[str] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., checkpoints: _Optional[int] = ...) -> None: ...
+
+class Checkpoint(_message.Message):
+    __slots__ = ("id", "job", "job_name", "parent", "node", "state", "created", "criu_version", "kernel", "bytes_logical", "bytes_stored", "bytes_uploaded", "freeze_ms", "dump_ms", "upload_ms", "total_ms", "manifest_key", "error", "log_excerpt", "final")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    CRIU_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STORED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_MS_FIELD_NUMBER: _ClassVar[int]
+    DUMP_MS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOG_EXCERPT_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    job: str
+    job_name: str
+    parent: str
+    node: str
+    state: str
+    created: float
+    criu_version: str
+    kernel: str
+    bytes_logical: int
+    bytes_stored: int
+    bytes_uploaded: int
+    freeze_ms: float
+    dump_ms: float
+    upload_ms: float
+    total_ms: float
+    manifest_key: str
+    error: str
+    log_excerpt: _containers.RepeatedScalarFieldContainer[str]
+    final: bool
+    def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., job_name: _Optional[str] = ..., parent: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., created: _Optional[float] = ..., criu_version: _Optional[str] = ..., kernel: _Optional[str] = ..., bytes_logical: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., freeze_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., upload_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., manifest_key: _Optional[str] = ..., error: _Optional[str] = ..., log_excerpt: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CRIU_OK_FIELD_NUMBER: _ClassVar[int]
+    CRIU_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CRIU_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAZY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: str
+    criu_ok: bool
+    criu_version: str
+    criu_error: str
+    lazy_pages: bool
+    heartbeat: float
+    cpus: int
+    memory_bytes: int
+    labels: _containers.ScalarMap[str, str]
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    address: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("id", "kind", "job", "node", "time", "message", "data_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    job: str
+    node: str
+    time: float
+    message: str
+    data_json: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., job: _Optional[str] = ..., node: _Optional[str] = ..., time: _Optional[float] = ..., message: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...
+
+class OpUpdate(_message.Message):
+    __slots__ = ("op", "phase", "done_bytes", "total_bytes", "done", "error", "error_code", "checkpoint", "job", "restore_ms", "total_ms")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    phase: str
+    done_bytes: int
+    total_bytes: int
+    done: bool
+    error: str
+    error_code: int
+    checkpoint: Checkpoint
+    job: Job
+    restore_ms: float
+    total_ms: float
+    def __init__(self, op: _Optional[str] = ..., phase: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
