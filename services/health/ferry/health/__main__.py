@@ -1,0 +1,3 @@
+from ferry.health.service import main
+
+main()

@@ -1,0 +1,3 @@
+from ferry.pricing.service import main
+
+main()

@@ -1,0 +1,3 @@
+from ferry.scheduler.service import main
+
+main()

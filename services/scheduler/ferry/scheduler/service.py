@@ -1,0 +1,436 @@
+"""The scheduler: owns every decision that starts, stops or moves a job.
+
+It consumes user commands (`ferry.cmd.scheduler`) and node reports (`ferry.evt.node.>`) from
+durable JetStream consumers, one at a time under one lock, and writes jobs and ops to KV. Every
+handler is idempotent: ids are derived from the op id and node commands are published with a
+message id, so a redelivered message after a crash repeats nothing.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from nats.aio.msg import Msg
+from opentelemetry import trace
+
+from ferry.common import wire
+from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
+from ferry.common.models import (
+    BUSY_STATES,
+    Event,
+    Job,
+    JobState,
+    Node,
+    Op,
+    OpKind,
+    OpState,
+    new_id,
+    now,
+)
+from ferry.common.service import Service, service_main
+from ferry.common.tracing import extract, tracer
+from ferry.scheduler.placement import choose_node, usable
+from ferry.scheduler.state import ClusterState
+
+log = logging.getLogger(__name__)
+_tracer = tracer("scheduler")
+
+
+def derived_id(prefix: str, op_id: str) -> str:
+    """An id that is the same every time the same op is handled (op-abc123 -> ck-abc123)."""
+    return f"{prefix}-{op_id.split('-', 1)[-1]}"
+
+
+class Scheduler(Service):
+    """Places jobs, checkpoints them on schedule, restores and moves them."""
+
+    name = "scheduler"
+
+    async def start(self) -> None:
+        bus = await self.connect()
+        self.state = ClusterState(bus)
+        self.lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        assert self.bus is not None
+        loops = [
+            self.bus.consume(stream=wire.CMD_STREAM, durable="scheduler", subject=wire.SCHEDULER_CMD,
+                             handler=self.on_command, stop=self.stopping),
+            self.bus.consume(stream=wire.EVT_STREAM, durable="scheduler-node-events",
+                             subject=wire.NODE_EVENTS, handler=self.on_node_event, stop=self.stopping),
+            self.tick_loop(),
+        ]
+        await asyncio.gather(*loops)
+
+    # ---- commands from the API -------------------------------------------------------------
+
+    async def on_command(self, msg: Msg) -> None:
+        cmd = wire.decode(wire.SchedulerCommand, msg.data)
+        with _tracer.start_as_current_span(f"scheduler.{cmd.kind}", context=extract(msg.headers)) as span:
+            span.set_attribute("ferry.op", cmd.op)
+            span.set_attribute("ferry.job", cmd.job)
+            async with self.lock:
+                op = await self.state.op(cmd.op) or Op(id=cmd.op, kind=cmd.kind, job=cmd.job)
+                if op.finished:
+                    return
+                try:
+                    await self.dispatch(cmd, op)
+                except FerryError as exc:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                    await self.state.save_op(op)
+                    await self.state.finish_op(op.id, error=str(exc), error_code=exc.exit_code)
+
+    async def dispatch(self, cmd: wire.SchedulerCommand, op: Op) -> None:
+        if cmd.kind == OpKind.SUBMIT:
+            await self.submit(cmd, op)
+            return
+        job = await self.state.job(cmd.job)
+        resumed = job.op == op.id  # a redelivery of an op this scheduler already started
+        if cmd.kind == OpKind.KILL:
+            await self.kill(job, op, cmd.grace_s)
+        elif cmd.kind == OpKind.CHECKPOINT:
+            await self.checkpoint(job, op, stop=cmd.stop, resumed=resumed)
+        elif cmd.kind == OpKind.RESTORE:
+            await self.restore(job, op, node_id=cmd.node, checkpoint_id=cmd.checkpoint, resumed=resumed)
+        elif cmd.kind == OpKind.MIGRATE:
+            await self.migrate(job, op, to=cmd.node, live=cmd.live, resumed=resumed)
+
+    async def submit(self, cmd: wire.SchedulerCommand, op: Op) -> None:
+        spec = cmd.spec
+        if spec is None or not spec.argv:
+            raise UsageError("empty command: give the program to run after `--`")
+        job_id = derived_id("job", op.id)
+        job = await self.state.bus.jobs.get(job_id)
+        if job is None:
+            for other in await self.state.jobs():
+                if other.name == spec.name:
+                    raise ConflictError(f"a job named {spec.name!r} exists already ({other.id}, "
+                                        f"{other.state}); pick another name")
+            if spec.node:
+                await self.state.node(spec.node)
+            job = Job(id=job_id, name=spec.name, argv=spec.argv, env=spec.env, cwd=spec.cwd,
+                      requested_node=spec.node, checkpoint_every_s=spec.checkpoint_every_s,
+                      priority=spec.priority, op=op.id)
+            await self.state.save_job(job, "submitted")
+        op.job = job.id
+        op.state = OpState.RUNNING
+        await self.state.save_op(op)
+        if job.state == JobState.PENDING:
+            await self.place(job)
+
+    async def place(self, job: Job) -> bool:
+        """Sends a pending job to a node; False (with the reason on the job) when none fits."""
+        nodes = await self.state.nodes()
+        node: Node | None
+        if job.requested_node:
+            node = next((n for n in nodes if n.id == job.requested_node), None)
+            why = usable(node, now(), self.settings.heartbeat_timeout_s) if node else "it has not joined"
+            if why:
+                return await self._wait_pending(job, f"waiting for node {job.requested_node}: {why}")
+        else:
+            node, why = choose_node(nodes, await self.state.jobs(), now(), self.settings.heartbeat_timeout_s)
+            if node is None:
+                return await self._wait_pending(job, f"no node can take it: {why}")
+        assert node is not None
+        job.incarnation += 1
+        job.node = node.id
+        job.reason = None
+        await self.state.save_job(job)
+        await self.send_node(job, "checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job,
+                                                                     incarnation=job.incarnation))
+        return True
+
+    async def _wait_pending(self, job: Job, reason: str) -> bool:
+        if job.reason != reason:
+            job.reason = reason
+            await self.state.save_job(job, "pending", reason)
+        await self.state.finish_op(job.op)  # the submit is accepted; the job starts when it fits
+        job.op = None
+        await self.state.bus.jobs.put(job.id, job)
+        return False
+
+    async def kill(self, job: Job, op: Op, grace_s: float) -> None:
+        if job.terminal:
+            await self.state.finish_op(op.id, job=job.id)
+            return
+        if job.state in (JobState.PENDING, JobState.PREEMPTED) or not job.node:
+            job.state = JobState.KILLED
+            job.kill_requested = True
+            await self.state.save_job(job, "killed")
+            await self.state.finish_op(op.id)
+            return
+        job.kill_requested = True
+        await self.state.save_job(job)
+        op.state = OpState.RUNNING
+        await self.state.save_op(op)
+        await self.send_node(job, "checkpointer", wire.NodeCommand(
+            kind="kill", op=op.id, job=job, incarnation=job.incarnation, grace_s=grace_s))
+
+    async def checkpoint(self, job: Job, op: Op, *, stop: bool, resumed: bool = False) -> None:
+        if not resumed:
+            self._require_idle(job, "checkpoint")
+            if job.state != JobState.RUNNING:
+                raise ConflictError(f"job {job.name} is {job.state}: only a running job can be checkpointed")
+        ckpt = op.checkpoint or derived_id("ck", op.id)
+        job.state = JobState.MIGRATING if op.kind == OpKind.MIGRATE else JobState.CHECKPOINTING
+        job.op = op.id
+        await self.state.save_job(job)
+        op.state, op.phase, op.checkpoint, op.job = OpState.RUNNING, "checkpoint", ckpt, job.id
+        await self.state.save_op(op)
+        await self.send_node(job, "checkpointer", wire.NodeCommand(
+            kind="checkpoint", op=op.id, job=job, incarnation=job.incarnation, checkpoint=ckpt,
+            parent=job.last_checkpoint, stop=stop))
+
+    async def restore(self, job: Job, op: Op, *, node_id: str | None, checkpoint_id: str | None,
+                      resumed: bool = False) -> None:
+        if resumed:
+            await self._send_restore(job, op)
+            return
+        self._require_idle(job, "restore")
+        if job.state == JobState.RUNNING:
+            raise ConflictError(f"job {job.name} is running on {job.node}: use `ferry migrate {job.name} "
+                                f"--to NODE`, or `ferry checkpoint {job.name} --stop` first")
+        if job.state in (JobState.PENDING, JobState.SUCCEEDED):
+            raise ConflictError(f"job {job.name} is {job.state}: there is nothing to restore")
+        ckpt_id = checkpoint_id or job.last_checkpoint
+        if not ckpt_id:
+            raise ConflictError(f"job {job.name} has no committed checkpoint to restore")
+        await self.state.checkpoint(job, ckpt_id)
+        target = await self._target(job, node_id)
+        job.state, job.op, job.node = JobState.RESTORING, op.id, target
+        job.incarnation += 1
+        job.kill_requested = False
+        job.exit_code = None
+        await self.state.save_job(job, "restoring", f"from {ckpt_id} on {target}")
+        op.state, op.phase, op.checkpoint, op.job = OpState.RUNNING, "restore", ckpt_id, job.id
+        op.args["target"] = target
+        await self.state.save_op(op)
+        await self._send_restore(job, op)
+
+    async def _send_restore(self, job: Job, op: Op) -> None:
+        await self.send_node(job, "migrator", wire.NodeCommand(
+            kind="restore", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.checkpoint))
+
+    async def migrate(self, job: Job, op: Op, *, to: str | None, live: bool, resumed: bool) -> None:
+        if resumed:
+            if op.phase == "restore":
+                await self._send_restore(job, op)
+            else:
+                await self.checkpoint(job, op, stop=True, resumed=True)
+            return
+        self._require_idle(job, "migrate")
+        if job.state != JobState.RUNNING:
+            raise ConflictError(f"job {job.name} is {job.state}: only a running job can be migrated "
+                                f"(use `ferry restore` for a stopped one)")
+        if not to:
+            raise UsageError("say where to: `ferry migrate JOB --to NODE`")
+        target = await self._target(job, to)
+        if target == job.node:
+            raise ConflictError(f"job {job.name} runs on {target} already")
+        if live:
+            raise ConflictError("live migration is not available yet; drop --live for a cold move")
+        op.args.update({"target": target, "source": job.node})
+        await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def _target(self, job: Job, node_id: str | None) -> str:
+        if node_id:
+            named = await self.state.node(node_id)
+            why = usable(named, now(), self.settings.heartbeat_timeout_s)
+            if why:
+                raise ConflictError(f"cannot use {why}")
+            return named.id
+        node, why = choose_node(await self.state.nodes(), await self.state.jobs(), now(),
+                                self.settings.heartbeat_timeout_s)
+        if node is None:
+            raise ConflictError(f"no node can take job {job.name}: {why}")
+        return node.id
+
+    @staticmethod
+    def _require_idle(job: Job, what: str) -> None:
+        if job.state in BUSY_STATES or job.op:
+            raise ConflictError(f"job {job.name} is busy ({job.state}, op {job.op}); try the {what} "
+                                f"again when it is done")
+
+    async def send_node(self, job: Job, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
+        assert job.node
+        cmd.id = f"{cmd.kind}-{job.id}-{job.incarnation}-{cmd.op or 'auto'}-{cmd.checkpoint or ''}"
+        await self.state.bus.publish(wire.node_cmd_subject(job.node, service), cmd, msg_id=cmd.id)
+
+    # ---- reports from the nodes ------------------------------------------------------------
+
+    async def on_node_event(self, msg: Msg) -> None:
+        ev = wire.decode(wire.NodeEvent, msg.data)
+        with _tracer.start_as_current_span(f"scheduler.on_{ev.kind}", context=extract(msg.headers)):
+            async with self.lock:
+                job = await self.state.bus.jobs.get(ev.job)
+                if job is None:
+                    log.warning("event %s for unknown job %s", ev.kind, ev.job)
+                    return
+                if ev.checkpoint is not None and ev.kind.startswith("checkpoint"):
+                    await self.on_checkpoint(job, ev)
+                    return
+                if ev.incarnation != job.incarnation:
+                    log.info("ignoring %s of %s from stale incarnation %s (now %s)", ev.kind, job.name,
+                             ev.incarnation, job.incarnation)
+                    return
+                handler = {
+                    "started": self.on_started,
+                    "launch_failed": self.on_launch_failed,
+                    "exited": self.on_exited,
+                    "restored": self.on_restored,
+                    "restore_failed": self.on_restore_failed,
+                }.get(ev.kind)
+                if handler is not None:
+                    await handler(job, ev)
+
+    async def on_started(self, job: Job, ev: wire.NodeEvent) -> None:
+        if job.state != JobState.PENDING:
+            return
+        job.state, job.node, job.reason = JobState.RUNNING, ev.node, None
+        self._schedule_next_checkpoint(job)
+        op_id, job.op = job.op, None
+        await self.state.save_job(job, "started", f"on {ev.node} (pid {ev.pid})")
+        await self.state.finish_op(op_id)
+
+    async def on_launch_failed(self, job: Job, ev: wire.NodeEvent) -> None:
+        job.state, job.error = JobState.FAILED, ev.error
+        op_id, job.op = job.op, None
+        await self.state.save_job(job, "failed", ev.error or "")
+        await self.state.finish_op(op_id, error=ev.error or "the job could not start", error_code=ev.error_code)
+
+    async def on_exited(self, job: Job, ev: wire.NodeEvent) -> None:
+        if ev.by_checkpoint or job.terminal:
+            return
+        code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
+        job.exit_code = code
+        if job.kill_requested:
+            job.state = JobState.KILLED
+        else:
+            job.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+        op_id, job.op = job.op, None
+        detail = f"exit code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
+        await self.state.save_job(job, "exited", detail)
+        if op_id:
+            op = await self.state.op(op_id)
+            if op is not None and op.kind == OpKind.KILL:
+                await self.state.finish_op(op_id)
+            else:
+                await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
+                                                        f"{op.kind if op else 'operation'}")
+
+    async def on_checkpoint(self, job: Job, ev: wire.NodeEvent) -> None:
+        record = ev.checkpoint
+        assert record is not None
+        record.job_name = job.name
+        fresh = await self.state.save_checkpoint(record)
+        op = await self.state.op(ev.op) if ev.op else None
+        ours = job.op is not None and job.op == ev.op
+        if ev.kind == "checkpoint_committed":
+            if fresh:
+                job.last_checkpoint = record.id
+                job.checkpoints += 1
+            await self.state.emit(Event(kind="checkpointed", job=job.id, node=ev.node,
+                                        message=f"{record.id}: {record.bytes_uploaded} bytes uploaded",
+                                        data={"checkpoint": record.id}))
+            if not ours:
+                await self.state.save_job(job)
+                return
+            assert op is not None
+            if op.kind == OpKind.MIGRATE:
+                op.phase = "restore"
+                await self.state.save_op(op)
+                job.incarnation += 1
+                job.node = str(op.args["target"])
+                await self.state.save_job(job, "migrating", f"restoring {record.id} on {job.node}")
+                await self._send_restore(job, op)
+                return
+            job.state = JobState.PREEMPTED if record.final else JobState.RUNNING
+            job.reason = "stopped by `ferry checkpoint --stop`" if record.final else None
+            job.op = None
+            self._schedule_next_checkpoint(job)
+            await self.state.save_job(job, "preempted" if record.final else None)
+            await self.state.finish_op(op.id, checkpoint=record.id)
+        else:
+            if not ours:
+                self._schedule_next_checkpoint(job)
+                await self.state.save_job(job)
+                return
+            if job.state in (JobState.CHECKPOINTING, JobState.MIGRATING):
+                job.state = JobState.RUNNING
+            job.op = None
+            self._schedule_next_checkpoint(job)
+            await self.state.save_job(job, "checkpoint_failed", record.error or "")
+            await self.state.finish_op(ev.op, error=record.error or "checkpoint failed", checkpoint=record.id)
+
+    async def on_restored(self, job: Job, ev: wire.NodeEvent) -> None:
+        if job.state not in (JobState.RESTORING, JobState.MIGRATING):
+            return
+        job.state, job.node, job.error, job.reason = JobState.RUNNING, ev.node, None, None
+        job.restarts += 1
+        self._schedule_next_checkpoint(job)
+        op_id, job.op = job.op, None
+        await self.state.save_job(job, "restored", f"on {ev.node} (pid {ev.pid})")
+        await self.state.finish_op(op_id, restore_ms=ev.restore_ms)
+
+    async def on_restore_failed(self, job: Job, ev: wire.NodeEvent) -> None:
+        op = await self.state.op(job.op) if job.op else None
+        source = str(op.args.get("source", "")) if op else ""
+        if op and op.kind == OpKind.MIGRATE and source and source != ev.node and not op.args.get("rolled_back"):
+            op.args["rolled_back"] = True
+            op.args["target_error"] = ev.error
+            await self.state.save_op(op)
+            job.incarnation += 1
+            job.node = source
+            await self.state.save_job(job, "migrate_rollback", f"restore on {ev.node} failed: {ev.error}")
+            await self._send_restore(job, op)
+            return
+        job.state, job.error = JobState.PREEMPTED, ev.error
+        job.reason = "the last restore failed; `ferry restore` can try another checkpoint or node"
+        op_id, job.op = job.op, None
+        await self.state.save_job(job, "restore_failed", ev.error or "")
+        error = ev.error or "restore failed"
+        if op and op.args.get("rolled_back"):
+            error = f"{op.args.get('target_error')}; rolling back to {source} failed too: {error}"
+        await self.state.finish_op(op_id, error=error, error_code=ev.error_code)
+
+    # ---- time-driven work ------------------------------------------------------------------
+
+    def _schedule_next_checkpoint(self, job: Job) -> None:
+        job.next_checkpoint_at = time.time() + job.checkpoint_every_s if job.checkpoint_every_s > 0 else None
+
+    async def tick_loop(self) -> None:
+        while not self.stopping.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.5)
+            if self.stopping.is_set():
+                break
+            try:
+                async with self.lock:
+                    await self.tick()
+            except FerryError as exc:
+                log.warning("tick: %s", exc)
+            except Exception:
+                log.exception("tick failed")
+
+    async def tick(self) -> None:
+        t = time.time()
+        for job in await self.state.jobs():
+            if job.state == JobState.PENDING and job.op is None and job.node is None:
+                await self.place(job)
+            elif (job.state == JobState.RUNNING and job.op is None and job.next_checkpoint_at
+                  and t >= job.next_checkpoint_at):
+                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args={"periodic": True})
+                await self.state.save_op(op)
+                try:
+                    await self.checkpoint(job, op, stop=False)
+                except NotFoundError:
+                    pass
+
+
+def main() -> None:
+    service_main(Scheduler)
+
+
+if __name__ == "__main__":
+    main()

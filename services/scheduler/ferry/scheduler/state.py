@@ -1,0 +1,92 @@
+"""The scheduler's view of the cluster, read from and written through to JetStream KV.
+
+The scheduler is the only writer of job and op records, so a plain put is safe; it keeps no state
+that KV does not also hold, so a restarted scheduler picks up exactly where the last one stopped.
+"""
+
+import logging
+import time
+
+from ferry.common import wire
+from ferry.common.bus import Bus
+from ferry.common.errors import ConflictError, NotFoundError
+from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, OpState, now
+
+log = logging.getLogger(__name__)
+
+
+class ClusterState:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+
+    async def job(self, job_id: str) -> Job:
+        job = await self.bus.jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return job
+
+    async def jobs(self) -> list[Job]:
+        return await self.bus.jobs.values()
+
+    async def nodes(self) -> list[Node]:
+        return await self.bus.nodes.values()
+
+    async def node(self, node_id: str) -> Node:
+        node = await self.bus.nodes.get(node_id)
+        if node is None:
+            raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
+        return node
+
+    async def save_job(self, job: Job, event: str | None = None, message: str = "") -> None:
+        job.updated = now()
+        await self.bus.jobs.put(job.id, job)
+        if event:
+            await self.emit(Event(kind=event, job=job.id, node=job.node or "", message=message,
+                                  data={"state": job.state, "name": job.name}))
+
+    async def emit(self, event: Event) -> None:
+        try:
+            await self.bus.publish(wire.job_event_subject(event.job or "none", event.kind), event,
+                                   msg_id=event.id)
+        except Exception as exc:  # an event is informational: never fail a transition for it
+            log.warning("could not publish event %s: %s", event.kind, exc)
+
+    async def op(self, op_id: str) -> Op | None:
+        return await self.bus.ops.get(op_id)
+
+    async def save_op(self, op: Op) -> None:
+        op.updated = now()
+        await self.bus.ops.put(op.id, op)
+
+    async def finish_op(self, op_id: str | None, *, error: str | None = None, error_code: int = 1,
+                        **fields: object) -> None:
+        if not op_id:
+            return
+        op = await self.op(op_id)
+        if op is None or op.finished:
+            return
+        for key, value in fields.items():
+            setattr(op, key, value)
+        op.state = OpState.FAILED if error else OpState.DONE
+        op.error = error
+        op.error_code = error_code if error else 0
+        op.total_ms = (time.time() - op.created) * 1000
+        await self.save_op(op)
+
+    async def save_checkpoint(self, record: CheckpointRecord) -> bool:
+        """Stores the record; False when it was stored already (a redelivered event)."""
+        key = wire.ckpt_key(record.job, record.id)
+        existing = await self.bus.checkpoints.get(key)
+        if existing is not None and existing.state == record.state:
+            return False
+        await self.bus.checkpoints.put(key, record)
+        return True
+
+    async def checkpoint(self, job: Job, checkpoint_id: str) -> CheckpointRecord:
+        record = await self.bus.checkpoints.get(wire.ckpt_key(job.id, checkpoint_id))
+        if record is None:
+            raise NotFoundError(f"job {job.name} has no checkpoint {checkpoint_id!r}: "
+                                f"`ferry checkpoints {job.name}` lists them")
+        if record.state != "committed":
+            raise ConflictError(f"checkpoint {checkpoint_id} of job {job.name} failed; pick a committed one")
+        return record
