@@ -1,0 +1,96 @@
+"""What the node services (checkpointer, migrator) share: their work directory, the store, job
+directories, progress reporting and event publishing."""
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ferry.common import wire
+from ferry.common.service import Service
+from ferry.criu.jobdir import JobDir
+from ferry.store.store import CheckpointStore
+from ferry.store.url import open_backend
+
+log = logging.getLogger(__name__)
+
+# Variables of the node service that a workload must not inherit.
+_PRIVATE_ENV_PREFIXES = ("FERRY_", "NATS_", "OTEL_")
+
+
+class NodeService(Service):
+    """A service that runs on one node and owns that node's work directory."""
+
+    async def start(self) -> None:
+        if not self.settings.node_id:
+            from ferry.common.errors import ConfigError
+
+            raise ConfigError("no node id: pass --node or set FERRY_NODE_ID")
+        self.node_id = self.settings.node_id
+        self.work_dir = self.settings.node_work_dir().resolve()
+        self.jobs_dir = self.work_dir / "jobs"
+        self.scratch_dir = self.work_dir / "scratch"
+        for d in (self.jobs_dir, self.scratch_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.store = CheckpointStore(open_backend(self.settings.resolved_store_url()))
+        await self.connect()
+
+    def job_dir(self, job_id: str) -> JobDir:
+        wire.token(job_id)
+        return JobDir(self.jobs_dir / job_id)
+
+    async def report(self, event: wire.NodeEvent) -> None:
+        """Publishes a node event; retried until NATS takes it (the scheduler must hear it)."""
+        assert self.bus is not None
+        delay = 0.2
+        while True:
+            try:
+                await self.bus.publish(wire.node_event_subject(self.node_id, event.kind), event, msg_id=event.id)
+                return
+            except Exception as exc:
+                if self.stopping.is_set() and delay > 5:
+                    raise
+                log.warning("cannot report %s yet: %s", event.kind, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def progress_reporter(self, op: str | None, phase: str) -> Callable[[int, int], None]:
+        """A thread-safe callback(done, total) that publishes throttled progress for `op`."""
+        if not op or self.bus is None:
+            return lambda done, total: None
+        loop = asyncio.get_running_loop()
+        bus = self.bus
+        last = [0.0]
+
+        def report(done: int, total: int) -> None:
+            t = time.monotonic()
+            if t - last[0] < 0.1 and done < total:
+                return
+            last[0] = t
+            msg = wire.Progress(op=op, phase=phase, done=done, total=total)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(lambda: loop.create_task(bus.publish_core(wire.progress_subject(op), msg)))
+
+        return report
+
+
+def workload_env(job_env: dict[str, str]) -> dict[str, str]:
+    """The environment a workload starts with: the node's, minus Ferry's own, plus the job's."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIXES)}
+    base.update(job_env)
+    return base
+
+
+def kernel_release() -> str:
+    return os.uname().release
+
+
+def read_meminfo_bytes() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,3 @@
+from ferry.checkpointer.service import main
+
+main()

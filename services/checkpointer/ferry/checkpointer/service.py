@@ -1,0 +1,299 @@
+"""The node's checkpointer: starts and supervises workloads, checkpoints them with CRIU into the
+store, reports their exits, serves their logs, and keeps the node's record fresh.
+
+Workloads run under a per-job shim (ferry.criu.shim) that outlives this service, so killing and
+restarting the checkpointer loses nothing: exit codes wait on disk until they are reported.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from ferry.common import wire
+from ferry.common.bus import keep_alive
+from ferry.common.errors import FerryError
+from ferry.common.models import CheckpointRecord, Node, NodeState
+from ferry.common.service import service_main
+from ferry.common.tracing import extract, tracer
+from ferry.criu.errors import CriuError, LaunchFailed
+from ferry.criu.images import find_page_maps
+from ferry.criu.jobdir import JobDir
+from ferry.criu.launch import launch
+from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.node.base import NodeService, kernel_release, read_meminfo_bytes, workload_env
+from ferry.node.procs import alive, signal_tree
+from ferry.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+_tracer = tracer("checkpointer")
+
+LOGS_DIR = "ferry-logs"
+META_FILE = "ferry.json"
+
+
+class Checkpointer(NodeService):
+    """Runs, supervises and checkpoints the workloads of one node."""
+
+    name = "checkpointer"
+
+    async def start(self) -> None:
+        await super().start()
+        self.criu = CriuRunner(self.settings.criu_bin)
+        self.criu_status = await asyncio.to_thread(self.criu.check)
+        if not self.criu_status.ok:
+            log.error("CRIU is not usable on this node: %s", self.criu_status.error)
+        self.known_chunks: dict[str, set[str]] = {}
+        self.job_locks: dict[str, asyncio.Lock] = {}
+        await self.beat()
+
+    async def run(self) -> None:
+        assert self.bus is not None
+        await self.bus.serve(wire.logs_subject(self.node_id), self.on_logs)
+        await asyncio.gather(
+            self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
+                             subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
+                             handler=self.on_command, concurrency=4, ack_wait=60, stop=self.stopping),
+            self.heartbeat_loop(),
+            self.exit_watch_loop(),
+        )
+
+    # ---- node record -----------------------------------------------------------------------
+
+    def running_jobs(self) -> list[str]:
+        out = []
+        for d in sorted(self.jobs_dir.iterdir()):
+            jd = JobDir(d)
+            shim = jd.read_shim()
+            if shim and jd.read_exit() is None and alive(shim.pid):
+                out.append(d.name)
+        return out
+
+    async def beat(self) -> None:
+        assert self.bus is not None
+        st = self.criu_status
+        node = Node(id=self.node_id, state=NodeState.READY, criu_ok=st.ok, criu_version=st.version,
+                    criu_error=st.error, lazy_pages=st.lazy_pages, cpus=os.cpu_count() or 1,
+                    memory_bytes=read_meminfo_bytes(), jobs=self.running_jobs(), address=str(self.work_dir))
+        old = await self.bus.nodes.get(self.node_id)
+        if old is not None:
+            node.started, node.labels = old.started, old.labels
+            if old.state in (NodeState.DRAINING, NodeState.PREEMPTING):
+                node.state = old.state
+        await self.bus.nodes.put(self.node_id, node)
+
+    async def heartbeat_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                await self.beat()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_interval_s)
+
+    # ---- exits -----------------------------------------------------------------------------
+
+    async def exit_watch_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                await self.report_exits()
+            except Exception:
+                log.exception("exit watch failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.25)
+
+    async def report_exits(self) -> None:
+        for d in sorted(self.jobs_dir.iterdir()):
+            jd = JobDir(d)
+            ex = jd.read_exit()
+            if ex is None:
+                continue
+            marker = d / f"reported-{ex.incarnation}"
+            if marker.exists():
+                continue
+            by_ckpt = (d / f"stop-{ex.incarnation}").exists()
+            await self.report(wire.NodeEvent(kind="exited", node=self.node_id, job=d.name,
+                                             incarnation=ex.incarnation, exit_code=ex.code, signal=ex.signal,
+                                             by_checkpoint=by_ckpt, id=f"exit-{d.name}-{ex.incarnation}"))
+            marker.touch()
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    async def on_logs(self, msg: Msg) -> None:
+        try:
+            req = wire.decode(wire.LogRequest, msg.data)
+            jd = self.job_dir(req.job)
+            path = jd.stdout if req.stream == "stdout" else jd.stderr
+            data = await asyncio.to_thread(_read_at, path, req.offset, req.max_bytes)
+            reply = wire.LogReply(data_hex=data.hex(), offset=req.offset + len(data))
+        except (FerryError, OSError) as exc:
+            reply = wire.LogReply(error=str(exc))
+        await msg.respond(wire.encode(reply))
+
+    # ---- commands --------------------------------------------------------------------------
+
+    async def on_command(self, msg: Msg) -> None:
+        cmd = wire.decode(wire.NodeCommand, msg.data)
+        lock = self.job_locks.setdefault(cmd.job.id, asyncio.Lock())
+        with _tracer.start_as_current_span(f"checkpointer.{cmd.kind}", context=extract(msg.headers)) as span:
+            span.set_attribute("ferry.job", cmd.job.id)
+            span.set_attribute("ferry.node", self.node_id)
+            alive_task = asyncio.create_task(keep_alive(msg))
+            try:
+                async with lock:
+                    if cmd.kind == "launch":
+                        await self.launch(cmd)
+                    elif cmd.kind == "kill":
+                        await self.kill(cmd)
+                    elif cmd.kind == "checkpoint":
+                        await self.checkpoint(cmd)
+            finally:
+                alive_task.cancel()
+
+    async def launch(self, cmd: wire.NodeCommand) -> None:
+        job, jd = cmd.job, self.job_dir(cmd.job.id)
+        shim = jd.read_shim()
+        if shim is not None and shim.incarnation == cmd.incarnation:
+            if jd.read_exit() is None:  # launched before a restart of this service: just confirm
+                await self.report(wire.NodeEvent(kind="started", node=self.node_id, job=job.id,
+                                                 incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))
+            return
+        jd.path.mkdir(parents=True, exist_ok=True)
+        jd.clear_run_state()
+        for f in (jd.stdout, jd.stderr):
+            f.write_bytes(b"")
+        try:
+            info = await launch(jd, job.argv, cwd=job.cwd, env=workload_env(job.env), incarnation=cmd.incarnation)
+        except LaunchFailed as exc:
+            await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
+            return
+        await self.report(wire.NodeEvent(kind="started", node=self.node_id, job=job.id,
+                                         incarnation=cmd.incarnation, op=cmd.op, pid=info.pid))
+
+    async def kill(self, cmd: wire.NodeCommand) -> None:
+        jd = self.job_dir(cmd.job.id)
+        shim = jd.read_shim()
+        if shim is None or shim.incarnation != cmd.incarnation or jd.read_exit() is not None:
+            return  # not running here: the exit watcher reports (or has reported) how it ended
+        if alive(shim.pid):
+            await kill_tree(shim.pid, cmd.grace_s)
+
+    async def checkpoint(self, cmd: wire.NodeCommand) -> None:
+        job, jd = cmd.job, self.job_dir(cmd.job.id)
+        assert cmd.checkpoint
+        record = CheckpointRecord(id=cmd.checkpoint, job=job.id, job_name=job.name, parent=cmd.parent,
+                                  node=self.node_id, criu_version=self.criu_status.version or "",
+                                  kernel=kernel_release(), final=cmd.stop, incarnation=cmd.incarnation)
+        try:
+            existing = await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)
+        except StoreError:
+            existing = None
+        if existing is not None:  # committed before a restart of this service: report it again
+            record = CheckpointRecord.model_validate(existing.meta.get("record", record.model_dump()))
+            await self.report(wire.NodeEvent(kind="checkpoint_committed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+            return
+        shim = jd.read_shim()
+        if shim is None or shim.incarnation != cmd.incarnation or jd.read_exit() is not None or not alive(shim.pid):
+            record.state, record.error = "failed", f"job {job.name} is not running on {self.node_id}"
+            await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+            return
+        images = self.scratch_dir / f"{job.id}-{cmd.checkpoint}"
+        shutil.rmtree(images, ignore_errors=True)
+        images.mkdir(parents=True)
+        stop_marker = jd.path / f"stop-{cmd.incarnation}"
+        t0 = time.monotonic()
+        try:
+            await self._dump_and_upload(cmd, jd, shim.pid, images, record, stop_marker)
+        except (CriuError, StoreError, OSError) as exc:
+            if cmd.stop:
+                signal_tree(shim.pid, signal.SIGCONT)  # left stopped by the dump: let it run on
+                stop_marker.unlink(missing_ok=True)
+            record.state, record.error = "failed", str(exc)
+            record.log_excerpt = list(getattr(exc, "log_excerpt", []) or [])
+            if record.log_excerpt:
+                record.error = f"{exc} | CRIU log: " + " / ".join(record.log_excerpt[-5:])
+            record.total_ms = (time.monotonic() - t0) * 1000
+            log.warning("checkpoint %s of %s failed: %s", cmd.checkpoint, job.name, record.error)
+            await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+        else:
+            record.total_ms = (time.monotonic() - t0) * 1000
+            await self.report(wire.NodeEvent(kind="checkpoint_committed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+        finally:
+            shutil.rmtree(images, ignore_errors=True)
+
+    async def _dump_and_upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path,
+                               record: CheckpointRecord, stop_marker: Path) -> None:
+        job = cmd.job
+        assert cmd.checkpoint
+        if cmd.stop:
+            stop_marker.touch()
+        with _tracer.start_as_current_span("criu.dump") as span:
+            # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
+            # if the upload fails the job simply continues.
+            dump = await self.criu.dump(pid, images, leave_running=not cmd.stop, record_sizes=[jd.stdout, jd.stderr],
+                                        extra_args=["--leave-stopped"] if cmd.stop else [])
+            span.set_attribute("ferry.dump_ms", dump.wall_ms)
+        await asyncio.to_thread(snapshot_logs, jd, images / LOGS_DIR, dump.file_sizes)
+        meta = {"job": job.id, "name": job.name, "checkpoint": cmd.checkpoint, "incarnation": cmd.incarnation,
+                "argv": job.argv, "stdout_path": str(jd.stdout), "stderr_path": str(jd.stderr),
+                "node": self.node_id}
+        (images / META_FILE).write_text(json.dumps(meta))
+        page_maps = await asyncio.to_thread(find_page_maps, images)
+        record.dump_ms = dump.wall_ms
+        record.freeze_ms = dump.frozen_ms if dump.frozen_ms is not None else dump.wall_ms
+        record.manifest_key = f"manifests/{job.id}/{cmd.checkpoint}.json"
+        progress = self.progress_reporter(cmd.op, "upload")
+        with _tracer.start_as_current_span("store.upload") as span:
+            t0 = time.monotonic()
+            # The manifest carries the record so that a restarted checkpointer can report it again.
+            preview = record.model_copy()
+            result = await asyncio.to_thread(
+                self.store.write_checkpoint, job=job.id, checkpoint=cmd.checkpoint, parent=cmd.parent,
+                src_dir=images, page_maps=page_maps, meta={**meta, "record": preview.model_dump()},
+                known_chunks=self.known_chunks.get(job.id), progress=progress)
+            record.upload_ms = (time.monotonic() - t0) * 1000
+            span.set_attribute("ferry.bytes_uploaded", result.bytes_uploaded)
+        record.bytes_logical = result.bytes_logical
+        record.bytes_stored = result.bytes_uploaded
+        record.bytes_uploaded = result.bytes_uploaded
+        self.known_chunks[job.id] = result.manifest.chunk_hashes()
+        if cmd.stop:
+            signal_tree(pid, signal.SIGKILL)
+
+
+def snapshot_logs(jd: JobDir, dest: Path, sizes: dict[str, int]) -> None:
+    """Copies the job's logs as they were when it was frozen (their sizes then, from the dump)."""
+    dest.mkdir()
+    for name, src in (("stdout", jd.stdout), ("stderr", jd.stderr)):
+        size = sizes.get(str(src), src.stat().st_size)
+        with open(src, "rb") as fin, open(dest / name, "wb") as fout:
+            fout.write(fin.read(size))
+
+
+def _read_at(path: Path, offset: int, size: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    except FileNotFoundError:
+        return b""
+
+
+def main() -> None:
+    service_main(Checkpointer, node=True)
+
+
+if __name__ == "__main__":
+    main()

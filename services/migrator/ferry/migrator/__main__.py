@@ -1,0 +1,3 @@
+from ferry.migrator.service import main
+
+main()

@@ -1,0 +1,111 @@
+"""The node's migrator: brings a job back on this node from a checkpoint in the store.
+
+It fetches the manifest, verifies and rebuilds every file in a scratch directory, puts the job's
+logs back as they were at the checkpoint, and has a shim run `criu restore` into a new PID
+namespace; the restored process writes on into this node's copies of its log files.
+"""
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+
+from nats.aio.msg import Msg
+
+from ferry.common import wire
+from ferry.common.bus import keep_alive
+from ferry.common.service import service_main
+from ferry.common.tracing import extract, tracer
+from ferry.criu.errors import CriuError
+from ferry.criu.launch import restore
+from ferry.node.base import NodeService
+from ferry.node.procs import alive
+from ferry.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+_tracer = tracer("migrator")
+
+LOGS_DIR = "ferry-logs"
+META_FILE = "ferry.json"
+
+
+class Migrator(NodeService):
+    """Restores checkpoints onto this node."""
+
+    name = "migrator"
+
+    async def start(self) -> None:
+        await super().start()
+        self.job_locks: dict[str, asyncio.Lock] = {}
+
+    async def run(self) -> None:
+        assert self.bus is not None
+        await self.bus.consume(stream=wire.CMD_STREAM, durable=f"migrator-{self.node_id}",
+                               subject=wire.node_cmd_subject(self.node_id, "migrator"),
+                               handler=self.on_command, concurrency=2, ack_wait=60, stop=self.stopping)
+
+    async def on_command(self, msg: Msg) -> None:
+        cmd = wire.decode(wire.NodeCommand, msg.data)
+        if cmd.kind != "restore":
+            log.error("migrator cannot %s; dropping", cmd.kind)
+            return
+        lock = self.job_locks.setdefault(cmd.job.id, asyncio.Lock())
+        with _tracer.start_as_current_span("migrator.restore", context=extract(msg.headers)) as span:
+            span.set_attribute("ferry.job", cmd.job.id)
+            span.set_attribute("ferry.node", self.node_id)
+            span.set_attribute("ferry.checkpoint", cmd.checkpoint or "")
+            alive_task = asyncio.create_task(keep_alive(msg))
+            try:
+                async with lock:
+                    await self.restore(cmd)
+            finally:
+                alive_task.cancel()
+
+    async def restore(self, cmd: wire.NodeCommand) -> None:
+        job, jd = cmd.job, self.job_dir(cmd.job.id)
+        assert cmd.checkpoint
+        shim = jd.read_shim()
+        if shim is not None and shim.incarnation == cmd.incarnation:
+            if jd.read_exit() is None and alive(shim.pid):  # restored before a restart of this service
+                await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id,
+                                                 incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))
+            return
+        t0 = time.monotonic()
+        images = self.scratch_dir / f"restore-{job.id}-{cmd.checkpoint}-{cmd.incarnation}"
+        shutil.rmtree(images, ignore_errors=True)
+        try:
+            with _tracer.start_as_current_span("store.fetch"):
+                manifest = await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)
+                images.mkdir(parents=True)
+                await asyncio.to_thread(self.store.restore_files, manifest, images,
+                                        self.progress_reporter(cmd.op, "download"))
+            meta = json.loads((images / META_FILE).read_text())
+            jd.path.mkdir(parents=True, exist_ok=True)
+            jd.clear_run_state()
+            for name in ("stdout", "stderr"):
+                shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
+            with _tracer.start_as_current_span("criu.restore"):
+                info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},
+                                     incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin)
+        except (StoreError, CriuError, OSError, ValueError, KeyError) as exc:
+            error = f"restore of {cmd.checkpoint} on {self.node_id} failed: {exc}"
+            log.warning("%s", error)
+            if (images / "restore.log").exists():
+                shutil.copyfile(images / "restore.log", jd.path / f"restore-{cmd.checkpoint}.log")
+            await self.report(wire.NodeEvent(kind="restore_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, error=error))
+            return
+        finally:
+            shutil.rmtree(images, ignore_errors=True)
+        restore_ms = (time.monotonic() - t0) * 1000
+        await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id, incarnation=cmd.incarnation,
+                                         op=cmd.op, pid=info.pid, restore_ms=restore_ms))
+
+
+def main() -> None:
+    service_main(Migrator, node=True)
+
+
+if __name__ == "__main__":
+    main()
