@@ -1,0 +1,67 @@
+"""The CLI's connection to the admin API, and the translation of gRPC errors into exit codes."""
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from ferry.common.errors import FerryError, NotFoundError, UsageError
+from ferry.v1 import ferry_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+_EXIT_2 = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT}
+
+
+class ApiError(FerryError):
+    """The API answered with an error; exit code 2 for bad input, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def default_addr() -> str:
+    return os.environ.get("FERRY_ADDR", "127.0.0.1:7070")
+
+
+class Client:
+    def __init__(self, addr: str | None = None, token: str | None = None, connect_timeout: float = 5.0) -> None:
+        self.addr = addr or default_addr()
+        token = token if token is not None else os.environ.get("FERRY_TOKEN", "")
+        self.metadata: list[tuple[str, str]] = [("authorization", f"Bearer {token}")] if token else []
+        self.channel = grpc.insecure_channel(self.addr, options=[("grpc.max_receive_message_length", 64 << 20)])
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError as exc:
+            raise FerryError(f"cannot reach the Ferry API at {self.addr}: is `ferry up` running? "
+                             "(set FERRY_ADDR to its address)") from exc
+        self.stub = pb_grpc.FerryAdminStub(self.channel)
+
+    def call(self, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        try:
+            return method(request, metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+
+    def stream(self, method: Callable[..., Iterator[T]], request: Any) -> Iterator[T]:
+        try:
+            yield from method(request, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def translate(exc: grpc.RpcError) -> FerryError:
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    details: str = exc.details() or code.name  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFoundError(details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return UsageError(details)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ApiError(f"the Ferry API is unavailable: {details}")
+    return ApiError(details, 2 if code in _EXIT_2 else 1)

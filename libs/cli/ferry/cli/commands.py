@@ -1,0 +1,220 @@
+"""The `ferry` commands that talk to a running cluster through the admin API."""
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ferry.cli.client import ApiError, Client
+from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
+from ferry.cli.progress import OpProgress
+from ferry.common.errors import UsageError
+from ferry.common.units import parse_duration
+from ferry.v1 import ferry_pb2 as pb
+
+
+def _json(args: argparse.Namespace) -> bool:
+    return bool(args.output == "json")
+
+
+def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    nodes = client.call(client.stub.ListNodes, pb.ListNodesRequest()).nodes
+    if _json(args):
+        print_json([to_dict(n) for n in nodes])
+        return 0
+    table([[n.id, n.state, f"{n.criu_version} ok" if n.criu_ok else f"unusable: {n.criu_error}",
+            "yes" if n.lazy_pages else "no", len(n.jobs), ago(n.heartbeat)] for n in nodes],
+          ["NODE", "STATE", "CRIU", "POST-COPY", "JOBS", "HEARTBEAT"])
+    return 0
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"bad --env {pair!r}: use KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def validate_run(args: argparse.Namespace) -> None:
+    """Checks `ferry run`'s arguments before anything is contacted or started."""
+    argv = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv or not argv[0]:
+        raise UsageError("empty command: give the program to run after `--`, e.g. ferry run -- python train.py")
+    args.command = argv
+    args.checkpoint_every_s = parse_duration(args.checkpoint_every) if args.checkpoint_every else 0.0
+    args.env_map = parse_env(args.env or [])
+    args.cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
+    if not os.path.isdir(args.cwd):
+        raise UsageError(f"--cwd {args.cwd}: no such directory")
+
+
+def cmd_run(client: Client, args: argparse.Namespace) -> int:
+    argv, every, cwd = args.command, args.checkpoint_every_s, args.cwd
+    request = pb.SubmitJobRequest(name=args.name or "", argv=argv, env=args.env_map, cwd=cwd,
+                                  node=args.node or "", checkpoint_every_s=every, priority=args.priority)
+    job = client.call(client.stub.SubmitJob, request)
+    if _json(args):
+        print_json(job_dict(job))
+    elif job.state == "pending":
+        print(f"{job.name} ({job.id}) is pending: {job.reason}")
+    else:
+        print(f"{job.name} ({job.id}) {job.state} on {job.node}")
+    return 0
+
+
+def _follow_op(client: Client, args: argparse.Namespace, method: Any, request: Any, title: str) -> pb.OpUpdate:
+    final: pb.OpUpdate | None = None
+    with OpProgress(title) as bar:
+        for update in client.stream(method, request):
+            if update.done:
+                final = update
+                break
+            bar.update(update.phase, update.done_bytes, update.total_bytes)
+    if final is None:
+        raise ApiError("the API closed the stream before the operation ended; `ferry status` shows the job")
+    if final.error:
+        raise ApiError(final.error, final.error_code or 1)
+    return final
+
+
+def checkpoint_view(c: pb.Checkpoint) -> dict[str, Any]:
+    d = to_dict(c)
+    d["parent"] = d["parent"] or None
+    d["error"] = d["error"] or None
+    return d
+
+
+def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
+    final = _follow_op(client, args, client.stub.Checkpoint, pb.CheckpointRequest(job=args.job, stop=args.stop),
+                       f"checkpoint {args.job}")
+    c = final.checkpoint
+    if _json(args):
+        print_json(checkpoint_view(c))
+    else:
+        print(f"{c.id}: {size(c.bytes_logical)} dumped, {size(c.bytes_uploaded)} uploaded; frozen {c.freeze_ms:.0f} ms,"
+              f" dump {c.dump_ms:.0f} ms, upload {c.upload_ms:.0f} ms" + ("; job stopped" if c.final else ""))
+    return 0
+
+
+def _moved(args: argparse.Namespace, final: pb.OpUpdate, verb: str) -> int:
+    job = final.job
+    if _json(args):
+        d = job_dict(job)
+        d.update({"op": final.op, "checkpoint": final.checkpoint.id or None, "restore_ms": final.restore_ms,
+                  "total_ms": final.total_ms})
+        print_json(d)
+    else:
+        print(f"{job.name} {verb} on {job.node} from {final.checkpoint.id or job.last_checkpoint} "
+              f"in {final.total_ms / 1000:.1f}s")
+    return 0
+
+
+def cmd_restore(client: Client, args: argparse.Namespace) -> int:
+    req = pb.RestoreRequest(job=args.job, node=args.node or "", checkpoint=args.checkpoint or "")
+    return _moved(args, _follow_op(client, args, client.stub.Restore, req, f"restore {args.job}"), "restored")
+
+
+def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
+    req = pb.MigrateRequest(job=args.job, to=args.to, live=args.live)
+    return _moved(args, _follow_op(client, args, client.stub.Migrate, req, f"migrate {args.job}"), "runs")
+
+
+def cmd_ps(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest(all=args.all)).jobs
+    if _json(args):
+        print_json([job_dict(j) for j in jobs])
+        return 0
+    table([[j.name, j.id, j.state, j.node or "-", j.restarts, j.last_checkpoint or "-",
+            j.exit_code if j.has_exit_code else "-", ago(j.created)] for j in jobs],
+          ["NAME", "ID", "STATE", "NODE", "RESTARTS", "LAST CHECKPOINT", "EXIT", "CREATED"])
+    return 0
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    job = client.call(client.stub.GetJob, pb.JobRef(job=args.job))
+    d = job_dict(job)
+    checkpoints = client.call(client.stub.ListCheckpoints, pb.JobRef(job=args.job)).checkpoints
+    last = next((c for c in checkpoints if c.id == job.last_checkpoint), None)
+    d["last_checkpoint_record"] = checkpoint_view(last) if last else None
+    if _json(args):
+        print_json(d)
+        return 0
+    for key in ("name", "id", "state", "node", "restarts", "exit_code", "reason", "error", "last_checkpoint"):
+        if d.get(key) is not None:
+            print(f"{key:16} {d[key]}")
+    if last is not None:
+        print(f"{'checkpointed':16} {ago(last.created)} on {last.node}, {size(last.bytes_logical)}")
+    return 0
+
+
+def cmd_checkpoints(client: Client, args: argparse.Namespace) -> int:
+    records = client.call(client.stub.ListCheckpoints, pb.JobRef(job=args.job)).checkpoints
+    if _json(args):
+        print_json([checkpoint_view(c) for c in records])
+        return 0
+    table([[c.id, c.state, c.node, size(c.bytes_logical), size(c.bytes_uploaded), f"{c.freeze_ms:.0f}",
+            "final" if c.final else "", ago(c.created)] for c in records],
+          ["ID", "STATE", "NODE", "SIZE", "UPLOADED", "FROZEN MS", "", "CREATED"])
+    return 0
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    req = pb.ReadLogsRequest(job=args.job, stream=args.stream, follow=args.follow)
+    if _json(args) and not args.follow:
+        data = b"".join(chunk.data for chunk in client.stream(client.stub.ReadLogs, req))
+        print_json({"job": args.job, "stream": args.stream, "text": data.decode(errors="replace")})
+        return 0
+    out = sys.stdout.buffer
+    for chunk in client.stream(client.stub.ReadLogs, req):
+        if _json(args):
+            print_json({"job": args.job, "stream": args.stream, "offset": chunk.offset,
+                        "text": chunk.data.decode(errors="replace")})
+        else:
+            out.write(chunk.data)
+            out.flush()
+    return 0
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    timeout = parse_duration(args.timeout) if args.timeout else 0.0
+    job = client.call(client.stub.WaitJob, pb.WaitJobRequest(job=args.job, timeout_s=timeout),
+                      timeout=timeout + 30 if timeout else None)
+    if _json(args):
+        print_json(job_dict(job))
+    else:
+        print(f"{job.name} {job.state}" + (f" with exit code {job.exit_code}" if job.has_exit_code else ""))
+    if job.has_exit_code:
+        return int(job.exit_code)
+    return 0 if job.state == "succeeded" else 1
+
+
+def cmd_kill(client: Client, args: argparse.Namespace) -> int:
+    grace = parse_duration(args.grace) if args.grace else 5.0
+    job = client.call(client.stub.KillJob, pb.KillJobRequest(job=args.job, grace_s=grace))
+    if _json(args):
+        print_json(job_dict(job))
+    else:
+        print(f"{job.name} {job.state}")
+    return 0
+
+
+def cmd_events(client: Client, args: argparse.Namespace) -> int:
+    try:
+        for ev in client.stream(client.stub.WatchEvents, pb.WatchEventsRequest(job=args.job or "")):
+            if _json(args):
+                d = to_dict(ev)
+                d["data"] = json.loads(d.pop("data_json") or "{}")
+                print(json.dumps(d), flush=True)
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(ev.time))
+                print(f"{stamp} {ev.kind:18} {ev.job or '-':20} {ev.node or '-':8} {ev.message}", flush=True)
+    except KeyboardInterrupt:
+        return 0
+    return 0

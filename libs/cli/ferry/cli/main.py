@@ -1,0 +1,139 @@
+"""`ferry`: run, checkpoint, restore and move long-running workloads.
+
+Every command but `up` talks to the admin API at FERRY_ADDR (default 127.0.0.1:7070); with
+FERRY_TOKEN set it sends that token. `-o json` prints one JSON document instead of text.
+Exit codes: 0 success, 1 failure, 2 bad input (unknown job, node or checkpoint; invalid arguments).
+"""
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from ferry.cli import commands
+from ferry.cli.client import Client, default_addr
+from ferry.common.errors import FerryError
+
+EPILOG = """examples:
+  ferry up --nodes 2 --data-dir /tmp/f --grpc 127.0.0.1:7070
+  ferry run --name t1 --node node-1 --checkpoint-every 30s -- python train.py --steps 400
+  ferry checkpoint t1 -o json
+  ferry migrate t1 --to node-2
+  ferry logs t1 -f
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                        help="output format (json: one JSON document)")
+    common.add_argument("--addr", default=None, help="admin API address (default: FERRY_ADDR or 127.0.0.1:7070)")
+
+    parser = argparse.ArgumentParser(prog="ferry", description=__doc__, epilog=EPILOG, parents=[common],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, parents=[common])
+
+    p = add("up", "start an all-in-one cluster in the foreground (NATS, services, N simulated nodes)")
+    p.add_argument("--nodes", type=int, default=2, help="number of simulated nodes (default 2)")
+    p.add_argument("--data-dir", default="/var/lib/ferry", help="where state, the store and logs live")
+    p.add_argument("--store", default=None, help="checkpoint store URL (default: a directory under the data dir; "
+                                                  "s3://bucket/prefix?endpoint=HOST:PORT for S3 or MinIO)")
+    p.add_argument("--grpc", default="127.0.0.1:7070", help="HOST:PORT for the admin API")
+    p.add_argument("--nats-port", type=int, default=0, help="port for the embedded NATS server (default: free)")
+
+    add("nodes", "list the nodes, their state and whether CRIU works there")
+
+    p = add("run", "start a program under Ferry")
+    p.add_argument("--name", help="job name (default: generated); jobs are named by name or id")
+    p.add_argument("--node", help="run on this node (default: the scheduler picks)")
+    p.add_argument("--cwd", help="working directory (default: the current one)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable for the job (repeat)")
+    p.add_argument("--checkpoint-every", metavar="DURATION", help="checkpoint periodically, e.g. 30s or 5m")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first and is preempted last")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+
+    p = add("checkpoint", "checkpoint a running job into the store")
+    p.add_argument("job")
+    p.add_argument("--stop", action="store_true", help="final checkpoint: the job stops afterwards")
+
+    p = add("restore", "restore a stopped job from a checkpoint (default: its newest)")
+    p.add_argument("job")
+    p.add_argument("--node", help="restore on this node (default: the scheduler picks)")
+    p.add_argument("--checkpoint", help="checkpoint id (default: the newest committed one)")
+
+    p = add("migrate", "move a running job to another node (checkpoint --stop, then restore there)")
+    p.add_argument("job")
+    p.add_argument("--to", required=True, help="target node")
+    p.add_argument("--live", action="store_true", help="near-live move (not available yet)")
+
+    p = add("ps", "list jobs (running and stopped; -a adds finished ones)")
+    p.add_argument("-a", "--all", action="store_true")
+
+    p = add("status", "show one job: state, node, restarts, last checkpoint")
+    p.add_argument("job")
+
+    p = add("logs", "print a job's output (it continues across restores)")
+    p.add_argument("job")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
+
+    p = add("checkpoints", "list a job's checkpoints")
+    p.add_argument("job")
+
+    p = add("wait", "wait for a job to end; exits with its exit code")
+    p.add_argument("job")
+    p.add_argument("--timeout", metavar="DURATION", help="give up after this long (exit 1), e.g. 600 or 10m")
+
+    p = add("kill", "stop a job (SIGTERM, then SIGKILL after a grace period)")
+    p.add_argument("job")
+    p.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL (default 5s)")
+
+    p = add("events", "follow the event stream (one line per event; JSON lines with -o json)")
+    p.add_argument("-f", "--follow", action="store_true", help="accepted for habit: events always follow")
+    p.add_argument("--job", help="only this job's events")
+    return parser
+
+
+HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "nodes": commands.cmd_nodes,
+    "run": commands.cmd_run,
+    "checkpoint": commands.cmd_checkpoint,
+    "restore": commands.cmd_restore,
+    "migrate": commands.cmd_migrate,
+    "ps": commands.cmd_ps,
+    "status": commands.cmd_status,
+    "logs": commands.cmd_logs,
+    "checkpoints": commands.cmd_checkpoints,
+    "wait": commands.cmd_wait,
+    "kill": commands.cmd_kill,
+    "events": commands.cmd_events,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "up":
+            from ferry.cli.up import cmd_up
+
+            code = cmd_up(args)
+        else:
+            if args.cmd == "run":
+                commands.validate_run(args)
+            client = Client(args.addr or default_addr())
+            try:
+                code = HANDLERS[args.cmd](client, args)
+            finally:
+                client.close()
+    except FerryError as exc:
+        print(f"ferry: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

