@@ -1,0 +1,137 @@
+"""Starting a workload, or restoring one, under its own shim (``python -m ferry.criu.shim``).
+
+The helpers return once the workload runs (the shim wrote ``shim.json``); the shim then outlives
+the caller and records ``exit.json``. Cancelling a helper kills only the shim's starter process: a
+monitor that got that far still starts the workload and records it in the job directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from ferry.criu.binary import SETUP_HINT, find_criu
+from ferry.criu.errors import CriuError, CriuMissing, LaunchFailed, RestoreFailed
+from ferry.criu.jobdir import JobDir, ShimInfo
+from ferry.criu.runner import RESTORE_LOG
+
+__all__ = ["launch", "restore"]
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class _StarterReply(BaseModel):
+    pid: int
+    shim_pid: int
+
+
+async def launch(
+    job_dir: JobDir,
+    argv: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str],
+    incarnation: int,
+    python: str = sys.executable,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ShimInfo:
+    """Start ``argv`` as PID 1 of a new PID namespace under a detached shim.
+
+    ``env`` is the workload's whole environment (its PATH finds the command); ``cwd`` None means
+    the caller's. Raises LaunchFailed (command not found, bad cwd, exec failure, ...).
+    """
+    job_dir.create()
+    env_file = _write_env(job_dir, env)
+    try:
+        cmd = [python, "-m", "ferry.criu.shim", "launch", "--job-dir", str(job_dir.path)]
+        cmd += ["--incarnation", str(incarnation), "--env-json", str(env_file)]
+        if cwd is not None:
+            cmd += ["--cwd", os.fspath(cwd)]
+        cmd += ["--", *argv]
+        return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
+    finally:
+        env_file.unlink(missing_ok=True)
+
+
+async def restore(
+    job_dir: JobDir,
+    images_dir: Path,
+    *,
+    inherit: Mapping[str, str],
+    incarnation: int,
+    criu_bin: str = "criu",
+    python: str = sys.executable,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ShimInfo:
+    """Restore the images under a detached shim.
+
+    ``inherit`` maps a file in the job directory (e.g. "stdout", rebuilt by the caller at the
+    size recorded by the dump) to the absolute path the dumped process had open. Raises
+    CriuMissing, or RestoreFailed with CRIU's log excerpt.
+    """
+    criu = find_criu(criu_bin)
+    if criu is None:
+        raise CriuMissing(f"criu binary {criu_bin!r} not found: {SETUP_HINT}")
+    images_dir = _absolute(images_dir)
+    cmd = [python, "-m", "ferry.criu.shim", "restore", "--job-dir", str(job_dir.path)]
+    cmd += ["--incarnation", str(incarnation), "--images", str(images_dir), "--criu", criu]
+    for local, original in inherit.items():
+        cmd += ["--inherit", f"{local}={original}"]
+    return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=str(images_dir / RESTORE_LOG))
+
+
+def _absolute(path: Path) -> Path:
+    return Path(path).absolute()
+
+
+def _write_env(job_dir: JobDir, env: Mapping[str, str]) -> Path:
+    # The environment may hold secrets: a private file, removed as soon as the starter has read it.
+    fd, name = tempfile.mkstemp(prefix=".env-", suffix=".json", dir=job_dir.path)
+    with os.fdopen(fd, "w") as f:
+        json.dump(dict(env), f)
+    return Path(name)
+
+
+async def _start(
+    job_dir: JobDir,
+    cmd: list[str],
+    timeout_s: float,
+    error: type[CriuError],
+    *,
+    log_path: str | None,
+) -> ShimInfo:
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise error(f"the shim did not report within {timeout_s:.0f} s; see {job_dir.shim_log}") from None
+    except asyncio.CancelledError:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+    lines = err.decode(errors="replace").splitlines()
+    if proc.returncode != 0:
+        first = lines[0].removeprefix("ferry-shim: ") if lines else f"the shim exited with {proc.returncode}"
+        raise error(first, log_excerpt=lines[1:], log_path=log_path)
+    try:
+        reply = _StarterReply.model_validate_json(out.strip().splitlines()[-1])
+    except (ValidationError, IndexError) as exc:
+        raise error(f"the shim answered {out[:200]!r}; see {job_dir.shim_log}") from exc
+    info = job_dir.read_shim()
+    if info is None or info.pid != reply.pid or info.shim_pid != reply.shim_pid:
+        raise error(f"the shim reported pid {reply.pid} but {job_dir.shim_file} says {info}")
+    return info

@@ -1,0 +1,99 @@
+"""Linux process primitives that Python 3.11's ``os`` lacks (unshare, prctl) and /proc readers."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from functools import cache
+
+__all__ = [
+    "CLONE_NEWPID",
+    "PR_SET_CHILD_SUBREAPER",
+    "catches_signal",
+    "is_gone",
+    "ns_pids",
+    "reset_signals",
+    "set_child_subreaper",
+    "unshare",
+]
+
+CLONE_NEWPID = 0x20000000
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    """unshare(2). With CLONE_NEWPID the caller's next child is PID 1 of a new PID namespace."""
+    _check(_libc().unshare(ctypes.c_int(flags)), "unshare")
+
+
+def set_child_subreaper() -> None:
+    """prctl(PR_SET_CHILD_SUBREAPER, 1): orphaned descendants are reparented to this process."""
+    _check(
+        _libc().prctl(
+            ctypes.c_int(PR_SET_CHILD_SUBREAPER),
+            ctypes.c_ulong(1),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        ),
+        "prctl(PR_SET_CHILD_SUBREAPER)",
+    )
+
+
+def reset_signals() -> None:
+    """Default dispositions and an empty mask, as a freshly exec'd program expects.
+
+    Python ignores SIGPIPE (and a caller may ignore SIGHUP/SIGINT); ignored signals survive exec.
+    """
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def ns_pids(pid: int) -> list[int]:
+    """``NSpid`` of a process: its PID in each namespace, outermost first."""
+    return [int(p) for p in _status_fields(pid).get("NSpid", "").split()]
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for ``sig`` (``SigCgt`` in /proc/<pid>/status)."""
+    mask = int(_status_fields(pid).get("SigCgt", "0"), 16)
+    return bool(mask & (1 << (sig - 1)))
+
+
+def is_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs: absent, or a zombie waiting for its reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    # The state letter follows the command name, which is in parentheses and may hold spaces.
+    state = stat.rpartition(")")[2].split()[0]
+    return state in ("Z", "X")

@@ -1,0 +1,309 @@
+"""Running the ``criu`` binary: feature check, dump, the restore command line, and killing a tree."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from pydantic import BaseModel, ConfigDict
+
+from ferry.criu.binary import MIN_VERSION, SETUP_HINT, find_criu, parse_version
+from ferry.criu.errors import CriuMissing, DumpFailed, ImageError
+from ferry.criu.images import DumpStats, read_dump_stats
+from ferry.criu.linux import catches_signal, is_gone, ns_pids
+from ferry.criu.logs import failure_summary, first_error
+from ferry.criu.sizes import SIZES_FILE, read_sizes, write_size_script
+
+__all__ = ["CriuRunner", "CriuStatus", "DumpResult", "kill_tree"]
+
+DUMP_LOG = "dump.log"
+RESTORE_LOG = "restore.log"
+# Post-copy needs CRIU's pipes to hold its page batches; without CAP_SYS_RESOURCE they are capped
+# by fs.pipe-max-size (see DESIGN: "page-pipe: tee: 65536: Operation not permitted").
+LAZY_PIPE_MIN_BYTES = 4 << 20
+_CHECK_TIMEOUT_S = 30.0
+
+
+class CriuStatus(BaseModel):
+    """What ``criu`` can do on this node."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    version: str | None
+    error: str | None
+    lazy_pages: bool
+    mem_dirty_track: bool
+    path: str | None = None
+
+
+class DumpResult(BaseModel):
+    """One finished ``criu dump``; times in milliseconds (CRIU's own from ``stats-dump``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    wall_ms: float
+    frozen_ms: float | None
+    freezing_ms: float | None
+    memdump_ms: float | None
+    memwrite_ms: float | None
+    pages_written: int | None
+    file_sizes: dict[str, int]
+    images_dir: str
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=_CHECK_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _pipe_max_size() -> int:
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return first_error(lines) or (lines[-1] if lines else "no output")
+
+
+class CriuRunner:
+    """Runs one ``criu`` binary (a name looked up on PATH, /usr/local/sbin, /usr/sbin, or a path)."""
+
+    def __init__(self, criu_bin: str = "criu") -> None:
+        self.criu_bin = criu_bin
+
+    # -- check -----------------------------------------------------------------------------------
+
+    def check(self) -> CriuStatus:
+        """Whether CRIU is usable here, and which optional features work. Never raises."""
+        try:
+            return self._check()
+        except Exception as exc:  # a probe must answer, whatever broke
+            return self._status_error(None, f"checking CRIU failed: {exc}")
+
+    @staticmethod
+    def _status_error(version: str | None, error: str, path: str | None = None) -> CriuStatus:
+        return CriuStatus(ok=False, version=version, error=error, lazy_pages=False, mem_dirty_track=False, path=path)
+
+    def _check(self) -> CriuStatus:
+        path = find_criu(self.criu_bin)
+        if path is None:
+            return self._status_error(None, f"criu binary {self.criu_bin!r} not found: {SETUP_HINT}")
+        out = _run([path, "--version"])
+        parsed = parse_version(out.stdout + out.stderr)
+        if out.returncode != 0 or parsed is None:
+            return self._status_error(None, f"{path} --version: {_one_line(out.stdout + out.stderr)}", path)
+        version = ".".join(map(str, parsed))
+        if parsed[:2] < MIN_VERSION:
+            return self._status_error(
+                version, f"CRIU {version} is too old (fails on kernels >= 6.13): {SETUP_HINT}", path
+            )
+        chk = _run([path, "check"])
+        if "Looks good" not in chk.stdout + chk.stderr:
+            return self._status_error(version, f"criu check: {_one_line(chk.stdout + chk.stderr)}", path)
+        uffd = _run([path, "check", "--feature", "uffd-noncoop"]).returncode == 0
+        dirty = _run([path, "check", "--feature", "mem_dirty_track"]).returncode == 0
+        return CriuStatus(
+            ok=True,
+            version=version,
+            error=None,
+            lazy_pages=uffd and _pipe_max_size() >= LAZY_PIPE_MIN_BYTES,
+            mem_dirty_track=dirty,
+            path=path,
+        )
+
+    def _require(self) -> str:
+        path = find_criu(self.criu_bin)
+        if path is None:
+            raise CriuMissing(f"criu binary {self.criu_bin!r} not found: {SETUP_HINT}")
+        return path
+
+    # -- dump ------------------------------------------------------------------------------------
+
+    async def dump(
+        self,
+        pid: int,
+        images_dir: Path,
+        *,
+        leave_running: bool,
+        record_sizes: Sequence[Path] = (),
+        extra_args: Sequence[str] = (),
+    ) -> DumpResult:
+        """Dump the tree rooted at ``pid`` into ``images_dir`` (log: ``images_dir/dump.log``).
+
+        ``record_sizes`` are measured while the tree is frozen (see ``ferry.criu.sizes``). On any
+        failure CRIU resumes the tree, so with ``leave_running`` it keeps running. Cancelling waits
+        for CRIU to finish: killing it midway could leave the tree stopped or with CRIU's parasite
+        code still in it.
+        """
+        criu = self._require()
+        images_dir = _prepare_images_dir(images_dir)
+        log_path = images_dir / DUMP_LOG
+        argv = [criu, "dump", "-t", str(pid), "-D", str(images_dir), "-o", DUMP_LOG, "-v4"]
+        if leave_running:
+            argv.append("--leave-running")
+        # The script sits in the images dir (a data disk, where /tmp may be noexec) only while
+        # CRIU runs, so it never travels with the checkpoint.
+        script = write_size_script(images_dir, images_dir, record_sizes) if record_sizes else None
+        try:
+            if script is not None:
+                argv += ["--action-script", str(script)]
+            argv += list(extra_args)
+            started = time.monotonic()
+            rc, output = await _run_to_end(argv)
+            wall_ms = (time.monotonic() - started) * 1000
+        finally:
+            if script is not None:
+                script.unlink(missing_ok=True)
+        if rc != 0:
+            excerpt, reason = failure_summary(log_path, output)
+            raise DumpFailed(
+                f"criu dump of pid {pid} failed (exit {rc}): {reason}",
+                log_excerpt=excerpt,
+                log_path=str(log_path) if log_path.exists() else None,
+            )
+        stats = _dump_stats(images_dir)
+        sizes = read_sizes(images_dir, record_sizes) if record_sizes else {}
+        return DumpResult(
+            wall_ms=wall_ms,
+            frozen_ms=stats.frozen_time_us / 1000 if stats else None,
+            freezing_ms=stats.freezing_time_us / 1000 if stats else None,
+            memdump_ms=stats.memdump_time_us / 1000 if stats else None,
+            memwrite_ms=stats.memwrite_time_us / 1000 if stats else None,
+            pages_written=stats.pages_written if stats else None,
+            file_sizes=sizes,
+            images_dir=str(images_dir),
+        )
+
+    # -- restore ---------------------------------------------------------------------------------
+
+    def restore_command(
+        self,
+        images_dir: Path,
+        pidfile: Path,
+        inherit: Mapping[int, str],
+        extra_args: Sequence[str] = (),
+    ) -> list[str]:
+        """argv of a detached ``criu restore`` (log: ``images_dir/restore.log``).
+
+        ``inherit`` maps a file descriptor that the caller passes to CRIU (open on this node's copy
+        of a file) to the absolute path that the dumped process had open; CRIU then hands that fd to
+        the restored process instead of reopening the path, and skips its size check.
+        """
+        criu = find_criu(self.criu_bin) or self.criu_bin
+        argv = [
+            criu,
+            "restore",
+            "-D",
+            str(images_dir),
+            "-o",
+            RESTORE_LOG,
+            "-v4",
+            "-d",
+            "--pidfile",
+            str(pidfile),
+        ]
+        for fd, path in sorted(inherit.items()):
+            argv += ["--inherit-fd", f"fd[{fd}]:{path.lstrip('/')}"]
+        argv += list(extra_args)
+        return argv
+
+    # -- kill ------------------------------------------------------------------------------------
+
+    @staticmethod
+    async def kill_tree(pid: int, grace_s: float) -> None:
+        await kill_tree(pid, grace_s)
+
+
+def _prepare_images_dir(images_dir: Path) -> Path:
+    images_dir = Path(images_dir).absolute()
+    images_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (SIZES_FILE, "stats-dump", DUMP_LOG):
+        (images_dir / stale).unlink(missing_ok=True)
+    return images_dir
+
+
+async def _run_to_end(argv: Sequence[str]) -> tuple[int, str]:
+    """Run CRIU to its end, even when cancelled; return its exit code and its stdout+stderr."""
+    with tempfile.TemporaryFile() as out:  # a file, not a pipe: nobody has to read for CRIU to go on
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            rc = await proc.wait()
+        except asyncio.CancelledError:
+            await proc.wait()
+            raise
+        return rc, _read_all(out)
+
+
+def _read_all(f: IO[bytes]) -> str:
+    f.seek(0)
+    return f.read().decode(errors="replace")
+
+
+def _dump_stats(images_dir: Path) -> DumpStats | None:
+    try:
+        return read_dump_stats(images_dir / "stats-dump")
+    except ImageError:
+        return None
+
+
+async def kill_tree(pid: int, grace_s: float) -> None:
+    """SIGTERM ``pid``, then SIGKILL after ``grace_s``; return once it is gone (or a zombie).
+
+    A workload is PID 1 of its own namespace: from outside, the kernel delivers SIGTERM to it only
+    when it handles the signal, so without a handler SIGKILL is sent at once. Killing a namespace's
+    init kills every process in it; for a process that is not one, its process group is signalled
+    too when it leads one.
+    """
+    try:
+        nspids = ns_pids(pid)
+        ignores_term = len(nspids) > 1 and nspids[-1] == 1 and not catches_signal(pid, signal.SIGTERM)
+        group = os.getpgid(pid) == pid and len(nspids) <= 1
+    except (OSError, ValueError):
+        return
+    if is_gone(pid):
+        return
+    if grace_s > 0 and not ignores_term:
+        _signal(pid, signal.SIGTERM, group)
+        if await _wait_gone(pid, grace_s):
+            return
+    _signal(pid, signal.SIGKILL, group)
+    await _wait_gone(pid, 10.0)
+
+
+def _signal(pid: int, sig: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+async def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not is_gone(pid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True

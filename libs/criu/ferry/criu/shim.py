@@ -1,0 +1,397 @@
+"""The per-job monitor (like podman's conmon): ``python -m ferry.criu.shim launch|restore ...``.
+
+    python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] -- ARGV...
+    python -m ferry.criu.shim restore --job-dir D --incarnation K --images IMGDIR \
+        --inherit FILE_IN_D=ORIGINAL_ABS_PATH ... [--criu BIN]
+
+Processes:
+
+    starter (the caller's child)  validates, forks, waits for the monitor's report, then exits:
+        0 and one JSON line {"pid": <workload host pid>, "shim_pid": <monitor pid>} on stdout, or
+        1 and a one-line error on stderr (for restore, CRIU's log excerpt on the following lines).
+    intermediate                  setsid(), forks the monitor and exits at once.
+    monitor                       child subreaper, stdio on D/shim.log. launch: unshares a PID
+        namespace and forks the workload as its PID 1; restore: runs ``criu restore -d``, whose
+        restored root is reparented to it. Writes D/shim.json, reports, waits for the workload,
+        writes D/exit.json, exits. It never writes to D/stdout or D/stderr.
+
+The monitor outlives whoever started it, so exit codes are collected even when the node service is
+restarted; that service finds the job again through shim.json and exit.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from ferry.criu.binary import find_criu
+from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
+from ferry.criu.linux import CLONE_NEWPID, reset_signals, set_child_subreaper, unshare
+from ferry.criu.logs import failure_summary
+from ferry.criu.runner import RESTORE_LOG, CriuRunner
+
+__all__ = ["main"]
+
+log = logging.getLogger("ferry.criu.shim")
+
+Report = Callable[[dict[str, Any]], None]
+
+
+class Refused(Exception):
+    """Invalid request, found before anything started."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_dir: JobDir
+    incarnation: int
+    argv: list[str]
+    executable: str
+    cwd: str
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    job_dir: JobDir
+    incarnation: int
+    images: Path
+    inherit: list[tuple[Path, str]]
+    criu: str
+
+
+# -- validation (in the starter) -----------------------------------------------------------------
+
+
+def _resolve_executable(cmd: str, env: dict[str, str], cwd: str) -> str:
+    if "/" in cmd:
+        path = os.path.join(cwd, cmd)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+        raise Refused(f"command not found or not executable: {cmd}")
+    found = shutil.which(cmd, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise Refused(f"command not found: {cmd} (PATH={env.get('PATH', os.defpath)})")
+    return os.path.abspath(found)
+
+
+def _load_env(path: str | None) -> dict[str, str]:
+    if path is None:
+        return dict(os.environ)
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise Refused(f"cannot read --env-json {path}: {exc}") from exc
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise Refused(f"--env-json {path} must hold a JSON object of strings")
+    return data
+
+
+def plan_launch(ns: argparse.Namespace, argv: list[str]) -> LaunchPlan:
+    if not argv:
+        raise Refused("no command given (expected: launch ... -- ARGV...)")
+    cwd = os.path.abspath(ns.cwd) if ns.cwd else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise Refused(f"working directory does not exist: {cwd}")
+    env = _load_env(ns.env_json)
+    executable = _resolve_executable(argv[0], env, cwd)
+    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env)
+
+
+def plan_restore(ns: argparse.Namespace) -> RestorePlan:
+    job_dir = JobDir(ns.job_dir)
+    images = Path(ns.images).absolute()
+    if not (images / "inventory.img").is_file():
+        raise Refused(f"no CRIU images in {images} (inventory.img missing)")
+    criu = find_criu(ns.criu)
+    if criu is None:
+        raise Refused(f"criu binary {ns.criu!r} not found")
+    inherit = []
+    for item in ns.inherit:
+        name, sep, original = item.partition("=")
+        local = (job_dir.path / name).resolve()
+        if not sep or not name or not os.path.isabs(original):
+            raise Refused(f"--inherit wants FILE_IN_JOB_DIR=ORIGINAL_ABS_PATH, got {item!r}")
+        if not local.is_relative_to(job_dir.path.resolve()):
+            raise Refused(f"--inherit file {name!r} is outside the job directory")
+        if not local.is_file():
+            raise Refused(f"--inherit file {local} does not exist")
+        inherit.append((local, original))
+    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu)
+
+
+# -- detaching -----------------------------------------------------------------------------------
+
+
+def detach(job_dir: JobDir, monitor: Callable[[Report], int]) -> int:
+    """Run ``monitor`` in a detached grandchild; relay its report; return the starter's exit code."""
+    job_dir.create()
+    job_dir.clear_run_state()
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.setsid()
+            code = _monitor_main(job_dir, w, monitor) if os.fork() == 0 else 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.waitpid(pid, 0)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    try:
+        msg = json.loads(b"".join(chunks))
+    except ValueError:
+        print(f"ferry-shim: the monitor died before reporting; see {job_dir.shim_log}", file=sys.stderr)
+        return 1
+    if msg.get("ok"):
+        print(json.dumps({"pid": msg["pid"], "shim_pid": msg["shim_pid"]}), flush=True)
+        return 0
+    print(f"ferry-shim: {msg.get('error', 'failed')}", file=sys.stderr)
+    for line in msg.get("detail", []):
+        print(line, file=sys.stderr)
+    sys.stderr.flush()
+    return 1
+
+
+def _monitor_main(job_dir: JobDir, w: int, monitor: Callable[[Report], int]) -> int:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    logfd = os.open(job_dir.shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(devnull, 0)
+    os.dup2(logfd, 1)
+    os.dup2(logfd, 2)
+    os.close(devnull)
+    os.close(logfd)
+    os.chdir("/")
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s shim[%(process)d] %(levelname)s %(message)s",
+    )
+    reported = False
+
+    def report(msg: dict[str, Any]) -> None:
+        nonlocal reported
+        if reported:
+            return
+        reported = True
+        try:
+            os.write(w, json.dumps(msg).encode())
+        finally:
+            os.close(w)
+
+    try:
+        set_child_subreaper()
+        return monitor(report)
+    except Exception as exc:
+        log.exception("monitor failed")
+        report({"ok": False, "error": f"shim failed: {exc}"})
+        return 1
+
+
+def _wait_workload(job_dir: JobDir, pid: int, incarnation: int) -> int:
+    """Reap children (we are a subreaper) until the workload ends; record how it ended."""
+    while True:
+        try:
+            wpid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            log.error("workload %d vanished without an exit status", pid)
+            job_dir.write_exit(ExitInfo(code=None, signal=None, finished=time.time(), incarnation=incarnation))
+            return 1
+        if wpid != pid:
+            log.info("reaped orphan %d (status %#x)", wpid, status)
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        info = ExitInfo(
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            finished=time.time(),
+            incarnation=incarnation,
+        )
+        job_dir.write_exit(info)
+        log.info("workload %d ended: code=%s signal=%s", pid, info.code, info.signal)
+        break
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    return 0
+
+
+def _started(plan_dir: JobDir, report: Report, pid: int, incarnation: int, mode: Literal["launch", "restore"]) -> None:
+    info = ShimInfo(shim_pid=os.getpid(), pid=pid, incarnation=incarnation, started=time.time(), mode=mode)
+    try:
+        plan_dir.write_shim(info)
+    except BaseException:
+        # Nobody could find a workload that shim.json does not name: stop it rather than orphan it.
+        os.kill(pid, signal.SIGKILL)
+        raise
+    log.info("%s: workload pid %d, incarnation %d", mode, pid, incarnation)
+    report({"ok": True, "pid": pid, "shim_pid": info.shim_pid})
+
+
+# -- launch --------------------------------------------------------------------------------------
+
+
+def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
+    """In the forked child (PID 1 of the new namespace): set up and exec, or report why not."""
+    step = "start"
+    try:
+        os.setsid()
+        reset_signals()
+        step = f"chdir to {plan.cwd}"
+        os.chdir(plan.cwd)
+        step = "open stdio"
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(plan.job_dir.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        err = os.open(plan.job_dir.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for fd, target in ((stdin, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+        for fd in (stdin, out, err):
+            os.close(fd)
+        os.closerange(3, errpipe)
+        os.closerange(errpipe + 1, 1 << 20)
+        step = f"execute {plan.argv[0]}"
+        os.execve(plan.executable, plan.argv, plan.env)
+    except BaseException as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        try:
+            os.write(errpipe, f"cannot {step}: {reason}".encode())
+        finally:
+            os._exit(127)
+    os._exit(127)  # execve returned: impossible
+
+
+def monitor_launch(plan: LaunchPlan, report: Report) -> int:
+    unshare(CLONE_NEWPID)
+    r, w = os.pipe()  # close-on-exec: EOF without data means the exec succeeded
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _exec_workload(plan, w)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    os.close(r)
+    if chunks:
+        error = b"".join(chunks).decode(errors="replace")
+        os.waitpid(pid, 0)
+        log.error("launch failed: %s", error)
+        report({"ok": False, "error": error})
+        return 1
+    _started(plan.job_dir, report, pid, plan.incarnation, "launch")
+    return _wait_workload(plan.job_dir, pid, plan.incarnation)
+
+
+# -- restore -------------------------------------------------------------------------------------
+
+
+def monitor_restore(plan: RestorePlan, report: Report) -> int:
+    log_path = plan.images / RESTORE_LOG
+    log_path.unlink(missing_ok=True)  # never blame a failure on an older run's log
+    pidfile = plan.job_dir.path / "restore.pid"
+    pidfile.unlink(missing_ok=True)  # CRIU creates it with O_EXCL
+    fds: dict[int, str] = {}
+    # CRIU's own output goes to a file, not a pipe: the restored tree must not inherit our end.
+    with tempfile.TemporaryFile() as output:
+        try:
+            for local, original in plan.inherit:
+                fds[os.open(local, os.O_WRONLY | os.O_APPEND)] = original
+            argv = CriuRunner(plan.criu).restore_command(plan.images, pidfile, fds)
+            log.info("running %s", " ".join(argv))
+            started = time.monotonic()
+            rc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output, pass_fds=list(fds), check=False
+            ).returncode
+            log.info("criu restore exited %d after %.0f ms", rc, (time.monotonic() - started) * 1000)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        output.seek(0)
+        text = output.read().decode(errors="replace")
+    if text.strip():
+        log.info("criu said:\n%s", text.rstrip())
+    if rc != 0:
+        excerpt, reason = failure_summary(log_path, text)
+        report({"ok": False, "error": f"criu restore failed: {reason}", "detail": excerpt})
+        _reap_all()
+        return 1
+    pid = int(pidfile.read_text().strip())
+    _started(plan.job_dir, report, pid, plan.incarnation, "restore")
+    return _wait_workload(plan.job_dir, pid, plan.incarnation)
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ferry.criu.shim", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for mode in ("launch", "restore"):
+        p = sub.add_parser(mode)
+        p.add_argument("--job-dir", required=True)
+        p.add_argument("--incarnation", type=int, required=True)
+        if mode == "launch":
+            p.add_argument("--cwd")
+            p.add_argument("--env-json")
+        else:
+            p.add_argument("--images", required=True)
+            p.add_argument("--inherit", action="append", default=[], metavar="FILE_IN_D=ORIGINAL_ABS_PATH")
+            p.add_argument("--criu", default="criu")
+    return parser
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if args is None else args)
+    command: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, command = args[:cut], args[cut + 1 :]
+    ns = _parser().parse_args(args)
+    try:
+        if ns.mode == "launch":
+            lplan = plan_launch(ns, command)
+            return detach(lplan.job_dir, lambda report: monitor_launch(lplan, report))
+        if command:
+            raise Refused("restore takes no command")
+        rplan = plan_restore(ns)
+        return detach(rplan.job_dir, lambda report: monitor_restore(rplan, report))
+    except (Refused, OSError) as exc:
+        print(f"ferry-shim: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The small interface every object backend implements (local directory, S3, ...).
+
+Methods are synchronous and thread-safe: the store calls them from a thread pool, and asyncio
+callers run them with ``asyncio.to_thread``. Keys are relative POSIX paths such as
+``chunks/<sha256>`` or ``manifests/<job>/<checkpoint>.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+from ferry.common.errors import UsageError
+
+
+class Backend(Protocol):
+    """Where chunks and manifests live."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` atomically: readers see the old object or the whole new one."""
+
+    def get(self, key: str) -> bytes:
+        """Return the object under ``key``; raise ObjectNotFound when there is none."""
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored under ``key``."""
+
+    def delete(self, key: str) -> None:
+        """Remove the object under ``key``; a missing object is not an error."""
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Yield every key that starts with ``prefix`` (a plain string prefix), in no set order."""
+
+    def describe(self) -> str:
+        """One line naming the backend for logs and errors (never a secret)."""
+
+
+@runtime_checkable
+class SizedListing(Protocol):
+    """Optional: a backend that can list keys with their stored sizes in one pass (used by gc)."""
+
+    def list_sizes(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """Yield ``(key, stored_size)`` for every key that starts with ``prefix``."""
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could escape a backend's root: absolute, empty parts, ``.`` or ``..``."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or "\0" in key or any(p in ("", ".", "..") for p in parts):
+        raise UsageError(f"invalid store key {key!r}: expected a relative path like chunks/<hash>")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Like check_key, but the empty prefix and a trailing slash are allowed."""
+    if prefix:
+        check_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix

@@ -1,0 +1,124 @@
+"""A backend in a local directory: each key is a file under the root.
+
+``put`` writes a temporary file (named ``.tmp.*``, never listed) in the target's directory and
+renames it over the key, so readers see the old object or the whole new one. With ``fsync=True``
+the data and the rename are flushed to disk before ``put`` returns; without it (the default, much
+faster) a machine crash may leave a damaged chunk, which a restore then reports as ChunkCorrupt.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from ferry.store.backend import check_key, check_prefix
+from ferry.store.errors import BackendUnavailable, ObjectNotFound
+
+_TMP = ".tmp."
+
+
+class LocalBackend:
+    """Objects as files under ``root`` (created on the first write)."""
+
+    def __init__(self, root: Path, *, fsync: bool = False) -> None:
+        self.root = Path(root).absolute()
+        self._fsync = fsync
+        self._dirs: set[Path] = set()
+
+    def describe(self) -> str:
+        return f"local directory {self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _fail(self, action: str, key: str, exc: OSError) -> BackendUnavailable:
+        return BackendUnavailable(f"{self.describe()}: cannot {action} {key}: {exc.strerror or exc}")
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        if path.name.startswith(_TMP):
+            raise BackendUnavailable(f"{self.describe()}: key {key!r} uses the reserved prefix {_TMP}")
+        tmp = path.parent / f"{_TMP}{path.name}.{uuid.uuid4().hex}"
+        try:
+            if path.parent not in self._dirs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._dirs.add(path.parent)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:  # the directory was removed behind our back
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            if self._fsync:
+                dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._fail("write", key, exc) from exc
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFound(key, self.describe()) from exc
+        except OSError as exc:
+            raise self._fail("read", key, exc) from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._fail("delete", key, exc) from exc
+
+    def list(self, prefix: str) -> Iterator[str]:
+        for key, _ in self._walk(prefix, sizes=False):
+            yield key
+
+    def list_sizes(self, prefix: str) -> Iterator[tuple[str, int]]:
+        return self._walk(prefix, sizes=True)
+
+    def _walk(self, prefix: str, *, sizes: bool) -> Iterator[tuple[str, int]]:
+        check_prefix(prefix)
+        folder, _, head = prefix.rpartition("/")
+        base = self.root / folder if folder else self.root
+        stack: builtins.list[tuple[Path, str, str]] = [(base, f"{folder}/" if folder else "", head)]
+        while stack:
+            directory, rel, starts = stack.pop()
+            try:
+                entries = sorted(os.scandir(directory), key=lambda e: e.name, reverse=True)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise self._fail("list", prefix, exc) from exc
+            files = []
+            for entry in entries:
+                if not entry.name.startswith(starts) or entry.name.startswith(_TMP):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((Path(entry.path), f"{rel}{entry.name}/", ""))
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(entry)
+            for entry in reversed(files):
+                try:
+                    yield f"{rel}{entry.name}", entry.stat(follow_symlinks=False).st_size if sizes else 0
+                except FileNotFoundError:  # deleted while listing
+                    continue

@@ -1,0 +1,132 @@
+"""Restoring the files of a checkpoint: fetch every chunk once, verify it, write it in place.
+
+Each distinct chunk is fetched once and written to every place that uses it. Nothing is reported
+good until every chunk has verified: on any error the destination is left half written and the
+caller discards it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from ferry.store.backend import Backend
+from ferry.store.codec import ChunkCodec, UndecodableChunk
+from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
+from ferry.store.manifest import Manifest, chunk_key
+from ferry.store.parallel import Progress, run_all
+
+BATCH_BYTES = 8 * 1024 * 1024
+
+
+def _create(target: Path, size: int) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+class _Placer:
+    """Fetches, verifies and writes a group of distinct chunks."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        codec: ChunkCodec,
+        manifest: Manifest,
+        targets: list[Path],
+        places: dict[str, list[tuple[int, int]]],
+        sizes: dict[str, int],
+        progress: Progress,
+    ) -> None:
+        self.backend, self.codec, self.manifest = backend, codec, manifest
+        self.targets, self.places, self.sizes, self.progress = targets, places, sizes, progress
+
+    def _corrupt(self, digest: str, reason: str) -> ChunkCorrupt:
+        path = self.manifest.files[self.places[digest][0][0]].path
+        return ChunkCorrupt(self.manifest.checkpoint, digest, path, reason)
+
+    def _plain(self, digest: str) -> memoryview:
+        try:
+            stored = self.backend.get(chunk_key(digest))
+        except ObjectNotFound as exc:
+            raise self._corrupt(digest, "missing from the store") from exc
+        try:
+            plain = self.codec.decode(stored, self.sizes[digest])
+        except UndecodableChunk as exc:
+            raise self._corrupt(digest, f"undecodable: {exc}") from exc
+        if hashlib.sha256(plain).hexdigest() != digest:
+            raise self._corrupt(digest, "hash mismatch")
+        return plain
+
+    def __call__(self, digests: list[str]) -> None:
+        fds: dict[int, int] = {}
+        try:
+            for digest in digests:
+                plain = self._plain(digest)
+                for index, offset in self.places[digest]:
+                    if index not in fds:
+                        fds[index] = os.open(self.targets[index], os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    _write_at(fds[index], plain, offset)
+                    self.progress.add(len(plain))
+        except OSError as exc:
+            raise StoreError(f"cannot write the restored files: {exc}") from exc
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+
+def restore_files(
+    backend: Backend,
+    codec: ChunkCodec,
+    manifest: Manifest,
+    dest_dir: Path,
+    *,
+    workers: int,
+    progress: Callable[[int, int], None] | None,
+) -> int:
+    """See CheckpointStore.restore_files."""
+    places: dict[str, list[tuple[int, int]]] = {}
+    sizes: dict[str, int] = {}
+    for index, entry in enumerate(manifest.files):
+        offset = 0
+        for ref in entry.chunks:
+            if sizes.setdefault(ref.hash, ref.size) != ref.size:
+                raise ManifestCorrupt(manifest.checkpoint, f"chunk {ref.hash[:12]}… appears with two sizes")
+            places.setdefault(ref.hash, []).append((index, offset))
+            offset += ref.size
+    dest = Path(dest_dir)
+    targets = [dest.joinpath(*entry.path.split("/")) for entry in manifest.files]
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        for target, entry in zip(targets, manifest.files, strict=True):
+            _create(target, entry.size)
+    except OSError as exc:
+        raise StoreError(f"cannot create the restored files in {dest}: {exc}") from exc
+    placer = _Placer(backend, codec, manifest, targets, places, sizes, Progress(progress, manifest.bytes_logical))
+    groups: list[list[str]] = [[]]
+    size = 0
+    for digest in places:
+        if size >= BATCH_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(digest)
+        size += sizes[digest] * len(places[digest])
+    run_all([partial(placer, group) for group in groups if group], workers)
+    try:
+        for target, entry in zip(targets, manifest.files, strict=True):
+            os.chmod(target, entry.mode)
+    except OSError as exc:
+        raise StoreError(f"cannot set the mode of the restored files: {exc}") from exc
+    return manifest.bytes_logical

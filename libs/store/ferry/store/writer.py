@@ -1,0 +1,188 @@
+"""Writing a checkpoint: cut its files into chunks, hash them, upload what the store lacks, then
+commit the manifest.
+
+Files are memory-mapped batch by batch and hashed in place; only chunks that must be uploaded are
+copied (into their stored form). sha256 and zstd release the GIL, so the pool's threads use every
+core. The source files must not change while they are written (CRIU images never do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from ferry.common.errors import ConflictError, UsageError
+from ferry.store.backend import Backend
+from ferry.store.codec import ChunkCodec
+from ferry.store.errors import StoreError
+from ferry.store.leases import Leases
+from ferry.store.manifest import (
+    ChunkRef,
+    FileEntry,
+    Manifest,
+    check_id,
+    chunk_key,
+    encode_manifest,
+    manifest_key,
+)
+from ferry.store.parallel import Progress, run_all
+from ferry.store.sources import SourceFile, plan_sources
+
+BATCH_BYTES = 8 * 1024 * 1024
+
+
+class WriteResult(BaseModel):
+    """What one write_checkpoint did; sizes in bytes."""
+
+    manifest: Manifest
+    bytes_logical: int
+    bytes_uploaded: int
+    bytes_new_plain: int
+    chunks_total: int
+    chunks_new: int
+    seconds: float
+
+
+class _Uploads:
+    """Uploads each missing chunk once per write and counts what it uploaded."""
+
+    def __init__(self, backend: Backend, codec: ChunkCodec, known: set[str]) -> None:
+        self._backend, self._codec = backend, codec
+        self._seen = known
+        self._lock = threading.Lock()
+        self.chunks_new = self.bytes_uploaded = self.bytes_new_plain = 0
+
+    def offer(self, digest: str, plain: memoryview) -> None:
+        with self._lock:
+            if digest in self._seen:
+                return
+            self._seen.add(digest)
+        try:
+            key = chunk_key(digest)
+            if self._backend.exists(key):
+                return
+            stored = self._codec.encode(plain)
+            self._backend.put(key, stored)
+        except BaseException:
+            with self._lock:
+                self._seen.discard(digest)
+            raise
+        with self._lock:
+            self.chunks_new += 1
+            self.bytes_uploaded += len(stored)
+            self.bytes_new_plain += len(plain)
+
+
+def _batches(source: SourceFile) -> list[tuple[int, int]]:
+    """Consecutive span ranges ``[first, end)`` of about BATCH_BYTES each."""
+    out, first, size = [], 0, 0
+    for i, (_, n) in enumerate(source.spans):
+        size += n
+        if size >= BATCH_BYTES:
+            out.append((first, i + 1))
+            first, size = i + 1, 0
+    if first < len(source.spans):
+        out.append((first, len(source.spans)))
+    return out
+
+
+def _chunk_batch(source: SourceFile, first: int, end: int, uploads: _Uploads, progress: Progress) -> list[ChunkRef]:
+    spans = source.spans[first:end]
+    start, stop = spans[0][0], spans[-1][0] + spans[-1][1]
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    refs = []
+    try:
+        with open(source.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != source.size:
+                raise StoreError(f"{source.path} changed size while being checkpointed")
+            mm = mmap.mmap(f.fileno(), stop - base, offset=base, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise StoreError(f"cannot read {source.path}: {exc.strerror or exc}") from exc
+    try:
+        with memoryview(mm) as view:
+            for off, n in spans:
+                with view[off - base : off - base + n] as piece:
+                    digest = hashlib.sha256(piece).hexdigest()
+                    uploads.offer(digest, piece)
+                refs.append(ChunkRef.model_construct(hash=digest, size=n))
+                progress.add(n)
+    finally:
+        mm.close()
+    return refs
+
+
+def write_checkpoint(
+    backend: Backend,
+    codec: ChunkCodec,
+    leases: Leases,
+    *,
+    workers: int,
+    gc_wait: float,
+    job: str,
+    checkpoint: str,
+    parent: str | None,
+    src_dir: Path,
+    files: Sequence[str] | None,
+    page_maps: Mapping[str, Sequence[tuple[int, int]]] | None,
+    meta: Mapping[str, Any] | None,
+    known_chunks: set[str] | None,
+    progress: Callable[[int, int], None] | None,
+) -> WriteResult:
+    """See CheckpointStore.write_checkpoint."""
+    started = time.monotonic()
+    key = manifest_key(job, checkpoint)
+    if parent is not None:
+        check_id(parent, "parent checkpoint id")
+    try:
+        meta_dict = json.loads(json.dumps(to_jsonable_python(dict(meta or {})), allow_nan=False))
+    except (PydanticSerializationError, ValueError) as exc:
+        raise UsageError(f"checkpoint meta must be plain JSON data: {exc}") from exc
+    sources = plan_sources(Path(src_dir), files, page_maps)
+    tracker = Progress(progress, sum(s.size for s in sources))
+    with leases.writing(gc_wait):
+        if backend.exists(key):
+            raise ConflictError(f"checkpoint {checkpoint} of job {job} already exists; use a new checkpoint id")
+        known = set(known_chunks or ())
+        if known and parent is not None and not backend.exists(manifest_key(job, parent)):
+            known = set()  # its manifest is gone, so gc may have taken those chunks
+        uploads = _Uploads(backend, codec, known)
+        tasks: list[Callable[[], list[ChunkRef]]] = []
+        owners: list[int] = []
+        for index, source in enumerate(sources):
+            for first, end in _batches(source):
+                tasks.append(partial(_chunk_batch, source, first, end, uploads, tracker))
+                owners.append(index)
+        chunks: list[list[ChunkRef]] = [[] for _ in sources]
+        for index, refs in zip(owners, run_all(tasks, workers), strict=True):
+            chunks[index].extend(refs)
+        manifest = Manifest(
+            job=job,
+            checkpoint=checkpoint,
+            parent=parent,
+            created=time.time(),
+            files=[
+                FileEntry(path=s.rel, size=s.size, mode=s.mode, chunks=c) for s, c in zip(sources, chunks, strict=True)
+            ],
+            meta=meta_dict,
+        )
+        backend.put(key, encode_manifest(manifest))
+    return WriteResult(
+        manifest=manifest,
+        bytes_logical=manifest.bytes_logical,
+        bytes_uploaded=uploads.bytes_uploaded,
+        bytes_new_plain=uploads.bytes_new_plain,
+        chunks_total=sum(len(c) for c in chunks),
+        chunks_new=uploads.chunks_new,
+        seconds=time.monotonic() - started,
+    )

@@ -1,0 +1,160 @@
+"""The per-job shim, through its command line and through ``ferry.criu.launch``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from ferry.criu.errors import LaunchFailed, RestoreFailed
+from ferry.criu.jobdir import ExitInfo, JobDir
+from ferry.criu.launch import launch, restore
+from ferry.criu.linux import is_gone, ns_pids
+from ferry.criu.runner import CriuRunner, kill_tree
+
+pytestmark = [pytest.mark.criu, pytest.mark.timeout(60)]
+
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def criu_ok() -> CriuRunner:
+    """Every test here needs a working CRIU: fail (never skip) when it is missing."""
+    runner = CriuRunner()
+    status = runner.check()
+    assert status.ok, status.error
+    return runner
+
+
+@pytest.fixture
+async def pids() -> AsyncIterator[list[int]]:
+    started: list[int] = []
+    yield started
+    for pid in started:
+        await kill_tree(pid, grace_s=0)
+
+
+async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def wait_exit(job: JobDir, timeout_s: float = 10.0) -> ExitInfo:
+    await wait_for(str(job.exit_file), lambda: job.read_exit() is not None, timeout_s)
+    info = job.read_exit()
+    assert info is not None
+    return info
+
+
+async def shim_cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ferry.criu.shim",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize(("script", "code", "sig"), [("exit 0", 0, None), ("exit 3", 3, None), ("kill", None, 9)])
+async def test_cli_records_how_the_workload_ended(
+    tmp_path: Path, pids: list[int], script: str, code: int | None, sig: int | None
+) -> None:
+    job = JobDir(tmp_path / "job")
+    command = "echo started; sleep 60" if script == "kill" else f"echo started; {script}"
+    rc, out, err = await shim_cli("launch", "--job-dir", str(job.path), "--incarnation", "4", "--", "sh", "-c", command)
+    assert rc == 0, err
+    assert err == ""
+    reply = json.loads(out)
+    assert set(reply) == {"pid", "shim_pid"}
+    pids.append(reply["pid"])
+    shim = job.read_shim()
+    assert shim is not None and shim.pid == reply["pid"] and shim.shim_pid == reply["shim_pid"]
+    assert shim.mode == "launch" and shim.incarnation == 4
+    # The monitor is detached: its own session, and its parent is not us.
+    assert os.getsid(shim.shim_pid) != os.getsid(0)
+    if script == "kill":
+        assert ns_pids(shim.pid)[-1] == 1
+        await wait_for("output", lambda: job.stdout.exists() and job.stdout.read_bytes() == b"started\n")
+        os.kill(shim.pid, signal.SIGKILL)
+    ended = await wait_exit(job)
+    assert (ended.code, ended.signal, ended.incarnation) == (code, sig, 4)
+    assert job.stdout.read_bytes() == b"started\n" and job.stderr.read_bytes() == b""
+    await wait_for("the monitor to exit", lambda: is_gone(shim.shim_pid))
+
+
+async def test_env_cwd_and_stdio_are_exactly_as_asked(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "job")
+    work = tmp_path / "work"
+    work.mkdir()
+    script = 'env | sort; pwd; ls -l /proc/self/fd/ | grep -c -- "->"; read x || echo eof; echo oops >&2'
+    info = await launch(job, ["sh", "-c", script], cwd=work, env={**ENV, "FOO": "a b"}, incarnation=1)
+    assert (await wait_exit(job)).code == 0
+    lines = job.stdout.read_text().splitlines()
+    env_lines = [line for line in lines if "=" in line and not line.startswith("PWD=")]
+    assert env_lines == ["FOO=a b", "PATH=/usr/bin:/bin"]
+    assert str(work) in lines
+    # 0, 1, 2 and the fd ls uses to read the directory: nothing else leaked into the workload.
+    assert "4" in lines and "eof" in lines
+    assert job.stderr.read_text() == "oops\n"
+    assert "launch: workload pid" in job.shim_log.read_text()
+    assert info.pid > 1
+
+
+async def test_missing_command_fails_fast(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "job")
+    started = time.monotonic()
+    rc, out, err = await shim_cli("launch", "--job-dir", str(job.path), "--incarnation", "1", "--", "no-such-cmd")
+    assert rc != 0 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "no-such-cmd" in err
+    with pytest.raises(LaunchFailed, match="command not found: no-such-cmd"):
+        await launch(job, ["no-such-cmd", "x"], cwd=None, env=ENV, incarnation=1)
+    with pytest.raises(LaunchFailed, match="working directory does not exist"):
+        await launch(job, ["true"], cwd=tmp_path / "nowhere", env=ENV, incarnation=1)
+    with pytest.raises(LaunchFailed, match="no command"):
+        await launch(job, [], cwd=None, env=ENV, incarnation=1)
+    assert time.monotonic() - started < 10
+    assert job.read_shim() is None
+
+
+async def test_exec_failure_after_the_fork_is_reported(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "job")
+    bogus = tmp_path / "not-a-program"
+    bogus.write_bytes(b"\x00\x01\x02 no shebang, no ELF")
+    bogus.chmod(0o755)
+    with pytest.raises(LaunchFailed, match=r"cannot execute .*not-a-program: Exec format error"):
+        await launch(job, [str(bogus)], cwd=tmp_path, env=ENV, incarnation=1)
+    assert job.read_shim() is None and job.read_exit() is None
+
+
+async def test_restore_failure_carries_the_criu_log(tmp_path: Path, criu_ok: CriuRunner, pids: list[int]) -> None:
+    src = JobDir(tmp_path / "a")
+    info = await launch(src, ["sh", "-c", "while :; do echo x; sleep 0.01; done"], cwd=tmp_path, env=ENV, incarnation=1)
+    pids.append(info.pid)
+    await wait_for("output", lambda: src.stdout.exists() and src.stdout.stat().st_size > 10)
+    await criu_ok.dump(info.pid, tmp_path / "images", leave_running=False)
+    await wait_exit(src)
+    # Without --inherit CRIU reopens the original paths, and this node has no such files.
+    src.stdout.rename(tmp_path / "moved-away")
+    with pytest.raises(RestoreFailed) as exc_info:
+        await restore(JobDir(tmp_path / "b").create(), tmp_path / "images", inherit={}, incarnation=2)
+    err = exc_info.value
+    assert str(err).startswith("criu restore failed: ") and "\n" not in str(err)
+    assert err.log_path == str(tmp_path / "images" / "restore.log")
+    assert any("Error" in line and "stdout" in line for line in err.log_excerpt), err.log_excerpt
+    assert len(err.log_excerpt) <= 30
+    assert JobDir(tmp_path / "b").read_shim() is None

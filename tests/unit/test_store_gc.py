@@ -1,0 +1,165 @@
+"""Garbage collection, retention, and the leases that keep gc away from unfinished checkpoints."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.common.errors import UsageError
+from ferry.store.errors import StoreError
+from ferry.store.leases import GC_KEY, WRITERS_PREFIX, Lease
+from ferry.store.local import LocalBackend
+from ferry.store.manifest import chunk_key, manifest_key
+from ferry.store.retention import expired
+from ferry.store.store import CheckpointStore
+from ferry.store.writer import WriteResult
+
+MiB = 1024 * 1024
+
+
+def _write(store: CheckpointStore, root: Path, checkpoint: str, files: dict[str, bytes], job: str = "j") -> WriteResult:
+    src = root / f"src-{job}-{checkpoint}"
+    src.mkdir()
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    return store.write_checkpoint(job=job, checkpoint=checkpoint, parent=None, src_dir=src)
+
+
+def test_gc_deletes_orphans_and_keeps_referenced_chunks(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend)
+    shared, only1, only2 = rng.randbytes(2 * MiB), rng.randbytes(MiB), rng.randbytes(MiB)
+    c1 = _write(store, tmp_path, "c1", {"a": shared, "b": only1})
+    c2 = _write(store, tmp_path, "c2", {"a": shared, "b": only2})
+    assert store.gc().chunks_deleted == 0
+
+    store.delete_checkpoint("j", "c1")
+    result = store.gc()
+    doomed = c1.manifest.chunk_hashes() - c2.manifest.chunk_hashes()
+    assert result.chunks_deleted == len(doomed) == 1
+    assert result.bytes_freed == MiB + 1  # stored raw: header byte + data
+    assert result.chunks_kept == len(c2.manifest.chunk_hashes())
+    assert not result.deferred
+    assert not any(backend.exists(chunk_key(h)) for h in doomed)
+    assert all(backend.exists(chunk_key(h)) for h in c2.manifest.chunk_hashes())
+    store.restore_files(c2.manifest, tmp_path / "out")
+    assert (tmp_path / "out" / "b").read_bytes() == only2
+    assert store.gc().chunks_deleted == 0
+    assert list(backend.list("locks/")) == []
+
+
+class ChunkDuringListing(LocalBackend):
+    """Simulates a writer that uploads a chunk while gc reads the manifests."""
+
+    late = "f" * 64
+
+    def list(self, prefix: str) -> Iterator[str]:
+        if prefix == "manifests/":
+            super().put(chunk_key(self.late), b"\x00late")
+        yield from super().list(prefix)
+
+
+def test_chunk_written_after_gc_listed_chunks_survives(tmp_path: Path) -> None:
+    backend = ChunkDuringListing(tmp_path / "store")
+    store = CheckpointStore(backend)
+    backend.put(chunk_key("e" * 64), b"\x00old orphan")
+    result = store.gc()
+    assert result.chunks_deleted == 1
+    assert not backend.exists(chunk_key("e" * 64))
+    assert backend.exists(chunk_key(ChunkDuringListing.late))
+
+
+def test_gc_defers_while_a_writer_is_active(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend)
+    backend.put(chunk_key("e" * 64), b"\x00orphan")
+    with store._leases.writing(timeout=1):
+        result = store.gc(drain_timeout=0.3)
+    assert result.deferred and result.chunks_deleted == 0 and result.chunks_kept == 1
+    assert backend.exists(chunk_key("e" * 64))
+    assert list(backend.list("locks/")) == []
+
+    # a writer that finishes in time is waited for
+    lease = store._leases.writing(timeout=1)
+    lease.__enter__()
+    threading.Timer(0.3, lambda: lease.__exit__(None, None, None)).start()
+    result = store.gc(drain_timeout=10)
+    assert not result.deferred and result.chunks_deleted == 1
+
+
+def test_stale_leases_are_ignored(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend, lease_ttl=5)
+    backend.put(chunk_key("e" * 64), b"\x00orphan")
+    old = Lease(owner="crashed:1", renewed=time.time() - 60).model_dump_json().encode()
+    backend.put(f"{WRITERS_PREFIX}dead.json", old)
+    assert store.gc(drain_timeout=0).chunks_deleted == 1
+    backend.put(GC_KEY, old)
+    _write(store, tmp_path, "c1", {"a": b"data"})  # does not wait for a dead gc
+
+
+def test_writer_waits_for_a_running_gc(tmp_path: Path) -> None:
+    store = CheckpointStore(LocalBackend(tmp_path / "store"), gc_wait=10)
+    done = threading.Event()
+    with store._leases.collecting(drain_timeout=1) as drained:
+        assert drained
+
+        def write() -> None:
+            _write(store, tmp_path, "c1", {"a": b"x"})
+            done.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert not done.wait(0.4)
+    writer.join(10)
+    assert done.is_set()
+    assert store.list_checkpoints("j") == ["c1"]
+
+
+def test_writer_gives_up_when_gc_holds_the_store_too_long(tmp_path: Path) -> None:
+    store = CheckpointStore(LocalBackend(tmp_path / "store"), gc_wait=0.3)
+    with store._leases.collecting(drain_timeout=1), pytest.raises(StoreError, match="garbage collection"):
+        _write(store, tmp_path, "c1", {"a": b"x"})
+
+
+def test_gc_stops_on_an_unreadable_manifest(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend)
+    backend.put(chunk_key("e" * 64), b"\x00orphan")
+    backend.put(manifest_key("j", "broken"), b"{")
+    with pytest.raises(StoreError, match=r"gc stopped before deleting anything: manifests/j/broken\.json"):
+        store.gc()
+    assert backend.exists(chunk_key("e" * 64))
+    assert list(backend.list("locks/")) == []
+
+
+def test_retention_keeps_the_newest(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend)
+    for n in range(5):
+        _write(store, tmp_path, f"c{n}", {"a": bytes([n]) * 100})
+    _write(store, tmp_path, "c0", {"a": b"other job"}, job="k")
+    backend.put(manifest_key("j", "broken"), b"{")
+    assert store.apply_retention("j", 2) == ["c0", "c1", "c2"]
+    assert store.list_checkpoints("j") == ["broken", "c3", "c4"]
+    assert store.list_checkpoints("k") == ["c0"]
+    assert store.apply_retention("j", 2) == []
+    with pytest.raises(UsageError):
+        store.apply_retention("j", -1)
+    backend.delete(manifest_key("j", "broken"))
+    assert store.gc().chunks_deleted == 3
+    assert store.apply_retention("j", 0) == ["c3", "c4"]
+
+
+def test_expired_orders_by_creation_time() -> None:
+    from ferry.store.manifest import Manifest
+
+    ms = [Manifest(job="j", checkpoint=c, parent=None, created=t, files=[]) for c, t in [("b", 2), ("a", 3), ("c", 1)]]
+    assert expired(ms, 1) == ["c", "b"]
+    assert expired(ms, 5) == []
