@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,46 +17,9 @@ from ferry.store.retry import RetryPolicy
 from ferry.store.s3 import S3Backend
 from ferry.store.store import CheckpointStore
 from ferry.store.url import open_backend
+from tests.s3server import MotoServer
 
 MiB = 1024 * 1024
-
-
-class MotoServer:
-    """moto_server as a subprocess on a fixed port, so it can be stopped and started again."""
-
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint = f"127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        exe = Path(sys.executable).parent / "moto_server"
-        self.proc = subprocess.Popen(
-            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{self.endpoint}/moto-api/", timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on port {self.port}") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture(scope="module")

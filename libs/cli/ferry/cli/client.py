@@ -56,8 +56,8 @@ class Client:
 
 
 def translate(exc: grpc.RpcError) -> FerryError:
-    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-    details: str = exc.details() or code.name  # type: ignore[attr-defined]
+    code: grpc.StatusCode = exc.code()
+    details: str = exc.details() or code.name
     if code == grpc.StatusCode.NOT_FOUND:
         return NotFoundError(details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -48,7 +48,7 @@ def validate_run(args: argparse.Namespace) -> None:
     if not argv or not argv[0]:
         raise UsageError("empty command: give the program to run after `--`, e.g. ferry run -- python train.py")
     args.command = argv
-    args.checkpoint_every_s = parse_duration(args.checkpoint_every) if args.checkpoint_every else 0.0
+    args.checkpoint_every_s = parse_duration(args.checkpoint_every) if args.checkpoint_every is not None else 0.0
     args.env_map = parse_env(args.env or [])
     args.cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
     if not os.path.isdir(args.cwd):

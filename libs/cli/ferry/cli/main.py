@@ -132,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `ferry ... | head`: the reader left, which is fine
+        sys.stdout = None
+        code = 0
     sys.exit(code)
 
 

@@ -20,11 +20,11 @@ def to_dict(msg: Message) -> dict[str, Any]:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             out[field.name] = dict(value)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
+            if field.is_repeated:
                 out[field.name] = [to_dict(v) for v in value]
             else:
                 out[field.name] = to_dict(value) if msg.HasField(field.name) else None
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif field.is_repeated:
             out[field.name] = list(value)
         elif field.type == FieldDescriptor.TYPE_BYTES:
             out[field.name] = value.decode(errors="replace")

@@ -42,8 +42,10 @@ class CasConflict(BusError):
 class Table(Generic[M]):
     """A JetStream KV bucket holding JSON records of one pydantic model."""
 
-    def __init__(self, kv: KeyValue, model: type[M]) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str, model: type[M]) -> None:
+        self._js = js
         self._kv = kv
+        self._bucket = bucket
         self._model = model
 
     async def get(self, key: str) -> M | None:
@@ -79,11 +81,18 @@ class Table(Generic[M]):
             await self._kv.delete(key)
 
     async def keys(self, prefix: str = "") -> list[str]:
+        """Keys starting with `prefix`, read from the bucket's stream state.
+
+        Not KeyValue.keys(): it walks a watcher that can end early while keys are being written,
+        and it filters by substring, not by prefix.
+        """
+        base = f"$KV.{self._bucket}."
         try:
-            keys = await (self._kv.keys(filters=[f"{prefix}>"]) if prefix else self._kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
-        return sorted(keys)
+            info = await self._js.stream_info(f"KV_{self._bucket}", subjects_filter=f"{base}{prefix}>")
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot list {self._bucket}: {exc}") from exc
+        subjects = info.state.subjects or {}
+        return sorted(s[len(base):] for s in subjects if s.startswith(base + prefix))
 
     async def values(self, prefix: str = "") -> list[M]:
         found = await asyncio.gather(*(self.get(k) for k in await self.keys(prefix)))
@@ -143,11 +152,11 @@ class Bus:
                     duplicate_window=120,
                 )
             )
-            self.jobs = Table(await self._bucket(wire.KV_JOBS), Job)
-            self.nodes = Table(await self._bucket(wire.KV_NODES), Node)
-            self.checkpoints = Table(await self._bucket(wire.KV_CHECKPOINTS), CheckpointRecord)
-            self.ops = Table(await self._bucket(wire.KV_OPS), Op)
-            self.services = Table(await self._bucket(wire.KV_SERVICES), ServiceBeat)
+            self.jobs = await self._table(wire.KV_JOBS, Job)
+            self.nodes = await self._table(wire.KV_NODES, Node)
+            self.checkpoints = await self._table(wire.KV_CHECKPOINTS, CheckpointRecord)
+            self.ops = await self._table(wire.KV_OPS, Op)
+            self.services = await self._table(wire.KV_SERVICES, ServiceBeat)
         except nats.errors.Error as exc:
             raise BusError(f"cannot set up JetStream streams and buckets: {exc}") from exc
 
@@ -158,13 +167,13 @@ class Bus:
             with contextlib.suppress(nats.js.errors.BadRequestError):  # created by a peer meanwhile
                 await self.js.add_stream(config)
 
-    async def _bucket(self, name: str) -> KeyValue:
+    async def _table(self, name: str, model: type[M]) -> Table[M]:
         try:
-            return await self.js.key_value(name)
+            kv = await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_key_value(
-                api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE)
-            )
+            config = api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE)
+            kv = await self.js.create_key_value(config)
+        return Table(self.js, kv, name, model)
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
         """Publishes to JetStream with the current trace context; `msg_id` dedups retries."""
@@ -267,8 +276,10 @@ class Bus:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def close(self) -> None:
+        # Not nc.drain(): it waits out its 30 s timeout on pull subscriptions. Whatever a closing
+        # service had not acked is redelivered to its successor, so flushing what we sent is enough.
         with contextlib.suppress(Exception):
-            await self.nc.drain()
+            await self.nc.flush(timeout=2)
         with contextlib.suppress(Exception):
             await self.nc.close()
 

@@ -60,6 +60,7 @@ class Job(Record):
     priority: int = 0
     op: str | None = None  # the op in flight on this job, if any
     kill_requested: bool = False
+    kill_op: str | None = None  # the kill op waiting for the job to end
 
     @property
     def terminal(self) -> bool:

@@ -14,7 +14,7 @@ def bearer(token: str) -> tuple[str, str]:
     return (METADATA_KEY, f"Bearer {token}")
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
 
@@ -23,7 +23,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        metadata = dict(handler_call_details.invocation_metadata or ())  # type: ignore[arg-type]
+        metadata = dict(handler_call_details.invocation_metadata or ())
         given = str(metadata.get(METADATA_KEY, "")).encode()
         if hmac.compare_digest(given, self._expected):
             return await continuation(handler_call_details)

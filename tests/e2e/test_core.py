@@ -1,0 +1,160 @@
+"""End to end: the real `ferry` CLI against a real all-in-one cluster, with real CRIU and NATS."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, WORKLOADS, Cluster, reference_output, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.criu]
+
+TRAIN = [PY, str(WORKLOADS / "train.py"), "--steps", "160", "--sleep", "0.01", "--width", "1024"]
+MEMHOG = [PY, str(WORKLOADS / "memhog.py"), "--mib", "48", "--dirty-pct", "5", "--interval", "0.1", "--rounds", "40"]
+
+
+def test_nodes_are_ready_with_criu(cluster: Cluster) -> None:
+    nodes = {n["id"]: n for n in cluster.json("nodes")}
+    for name in ("node-1", "node-2"):
+        assert nodes[name]["state"] == "ready"
+        assert nodes[name]["criu_ok"] is True
+        assert nodes[name]["criu_version"].startswith("4.")
+
+
+def test_train_checkpointed_at_a_random_step_continues_identically_on_node_2(cluster: Cluster) -> None:
+    want = reference_output(TRAIN)
+    job = cluster.json("run", "--name", "train-e2e", "--node", "node-1", "--", *TRAIN)
+    assert job["state"] == "running" and job["node"] == "node-1"
+    step = random.randint(5, 120)
+    cluster.wait_lines("train-e2e", step)
+    ck = cluster.json("checkpoint", "train-e2e", "--stop")
+    assert ck["final"] is True and ck["state"] == "committed"
+    for key in ("id", "job", "bytes_logical", "bytes_uploaded", "freeze_ms", "dump_ms", "upload_ms"):
+        assert key in ck
+    assert ck["bytes_logical"] > 10 * 2**20 and ck["bytes_uploaded"] > 0 and ck["dump_ms"] > 0
+    assert cluster.json("status", "train-e2e")["state"] == "preempted"
+    moved = cluster.json("restore", "train-e2e", "--node", "node-2")
+    assert moved["node"] == "node-2" and moved["state"] == "running" and moved["restarts"] == 1
+    done = cluster.ferry("wait", "train-e2e", "--timeout", "300")
+    assert done.returncode == 0
+    status = cluster.json("status", "train-e2e")
+    assert status["state"] == "succeeded" and status["exit_code"] == 0 and status["node"] == "node-2"
+    assert status["last_checkpoint"] == ck["id"]
+    got = cluster.logs("train-e2e")
+    assert got.splitlines() == want.splitlines()
+    assert got.splitlines()[-1].startswith("done ")
+
+
+def test_migrate_there_and_back_keeps_train_output_identical(cluster: Cluster) -> None:
+    want = reference_output(TRAIN)
+    cluster.json("run", "--name", "train-mig", "--node", "node-1", "--", *TRAIN)
+    cluster.wait_lines("train-mig", 20)
+    there = cluster.json("migrate", "train-mig", "--to", "node-2")
+    assert there["node"] == "node-2" and there["state"] == "running"
+    cluster.wait_lines("train-mig", 60)
+    back = cluster.json("migrate", "train-mig", "--to", "node-1")
+    assert back["node"] == "node-1" and back["restarts"] == 2
+    assert cluster.ferry("wait", "train-mig", "--timeout", "300").returncode == 0
+    assert cluster.logs("train-mig") == want
+
+
+def test_memhog_restored_on_the_other_node_prints_the_same_crc_sequence(cluster: Cluster) -> None:
+    want = reference_output(MEMHOG)
+    cluster.json("run", "--name", "memhog-e2e", "--node", "node-2", "--", *MEMHOG)
+    cluster.wait_lines("memhog-e2e", 8)
+    cluster.json("checkpoint", "memhog-e2e", "--stop")
+    cluster.json("restore", "memhog-e2e", "--node", "node-1")
+    assert cluster.ferry("wait", "memhog-e2e", "--timeout", "300").returncode == 0
+    got = cluster.logs("memhog-e2e")
+    assert got == want
+    assert len(got.splitlines()) == 41
+
+
+def test_process_tree_with_pipes_survives_and_its_exit_code_is_reported(cluster: Cluster) -> None:
+    script = (
+        "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; sleep 0.05; done | "
+        'while read x; do echo "got $x"; done; exit 7'
+    )
+    cluster.json("run", "--name", "tree", "--node", "node-1", "--", "sh", "-c", script)
+    cluster.wait_lines("tree", 15)
+    cluster.json("checkpoint", "tree", "--stop")
+    cluster.json("restore", "tree", "--node", "node-2")
+    waited = cluster.ferry("wait", "tree", "--timeout", "120", check=False)
+    assert waited.returncode == 7
+    status = cluster.json("status", "tree")
+    assert status["state"] == "failed" and status["exit_code"] == 7
+    assert cluster.logs("tree").splitlines() == [f"got {i}" for i in range(1, 61)]
+
+
+def test_second_checkpoint_uploads_only_what_changed(cluster: Cluster) -> None:
+    argv = [PY, str(WORKLOADS / "memhog.py"), "--mib", "256", "--dirty-pct", "5", "--interval", "3"]
+    cluster.json("run", "--name", "incr", "--node", "node-1", "--", *argv)
+    cluster.wait_lines("incr", 1)  # "ready 256": the buffer is filled
+    first = cluster.json("checkpoint", "incr")
+    lines = cluster.logs("incr").count("\n")
+    cluster.wait_lines("incr", lines + 1)  # one round rewrote 5% of the buffer
+    second = cluster.json("checkpoint", "incr")
+    assert first["bytes_logical"] > 256 * 2**20
+    assert second["parent"] == first["id"]
+    ratio = second["bytes_uploaded"] / first["bytes_uploaded"]
+    assert ratio < 0.2, f"second checkpoint uploaded {ratio:.1%} of the first"
+    cluster.ferry("kill", "incr")
+    assert cluster.json("status", "incr")["state"] == "killed"
+
+
+def test_periodic_checkpoints(cluster: Cluster) -> None:
+    cluster.json(
+        "run",
+        "--name",
+        "periodic",
+        "--checkpoint-every",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "while true; do date +%s%N; sleep 0.1; done",
+    )
+    wait_until(
+        lambda: len([c for c in cluster.json("checkpoints", "periodic") if c["state"] == "committed"]) >= 2,
+        60,
+        "two periodic checkpoints",
+    )
+    assert cluster.json("status", "periodic")["state"] in ("running", "checkpointing")
+    cluster.ferry("kill", "periodic")
+
+
+def test_logs_follow_ends_with_the_job(cluster: Cluster) -> None:
+    cluster.json("run", "--name", "follow", "--", "sh", "-c", "for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done")
+    out = cluster.ferry("logs", "follow", "-f", timeout=60).stdout
+    assert out.splitlines() == [f"line {i}" for i in range(1, 6)]
+    assert cluster.json("status", "follow")["state"] == "succeeded"
+
+
+def test_env_and_cwd_reach_the_workload(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.json(
+        "run",
+        "--name",
+        "envcwd",
+        "--cwd",
+        str(tmp_path),
+        "--env",
+        "GREETING=hello world",
+        "--",
+        "sh",
+        "-c",
+        'echo "$GREETING"; pwd',
+    )
+    assert cluster.ferry("wait", "envcwd", "--timeout", "60").returncode == 0
+    assert cluster.logs("envcwd").splitlines() == ["hello world", str(tmp_path)]
+
+
+def test_ps_and_kill(cluster: Cluster) -> None:
+    cluster.json("run", "--name", "sleeper", "--", "sleep", "600")
+    names = {j["name"]: j for j in cluster.json("ps")}
+    assert names["sleeper"]["state"] == "running"
+    killed = cluster.json("kill", "sleeper", "--grace", "1s")
+    assert killed["state"] == "killed"
+    assert "sleeper" not in {j["name"] for j in cluster.json("ps")}
+    assert "sleeper" in {j["name"] for j in cluster.json("ps", "-a")}
+    waited = cluster.ferry("wait", "sleeper", check=False)
+    assert waited.returncode == 137

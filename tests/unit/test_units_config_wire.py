@@ -1,0 +1,118 @@
+"""Pure parts: units, settings, wire formats, placement, CLI output and argument checks."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from ferry.cli import commands
+from ferry.cli.main import build_parser
+from ferry.cli.output import job_dict, to_dict
+from ferry.common import wire
+from ferry.common.config import load_settings
+from ferry.common.errors import ConfigError, UsageError
+from ferry.common.models import Job, JobState, Node, NodeState, OpKind
+from ferry.common.units import format_bytes, parse_duration, parse_size
+from ferry.scheduler.placement import choose_node, usable
+from ferry.v1 import ferry_pb2 as pb
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30s", 30), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), ("2d", 172800), ("45", 45), ("1.5", 1.5),
+])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5x", "s", "1h-5m", "-3", "1 h"])
+def test_parse_duration_refuses_garbage(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_duration(text)
+
+
+def test_sizes() -> None:
+    assert parse_size("2GiB") == 2 * 2**30
+    assert parse_size("512M") == 512 * 10**6
+    assert parse_size("4096") == 4096
+    with pytest.raises(UsageError):
+        parse_size("lots")
+    assert format_bytes(1536) == "1.5 KiB"
+
+
+def test_settings_from_file_then_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "ferry.yaml"
+    cfg.write_text("nats_url: nats://10.0.0.1:4222\nheartbeat-timeout-s: 9\ntoken: from-file\n")
+    monkeypatch.setenv("FERRY_TOKEN", "from-env")
+    s = load_settings(cfg)
+    assert s.nats_url == "nats://10.0.0.1:4222" and s.heartbeat_timeout_s == 9 and s.token == "from-env"
+    assert load_settings(cfg, token="from-flag").token == "from-flag"
+
+
+def test_settings_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("heartbeat_timeout_s: -1\n")
+    with pytest.raises(ConfigError, match="heartbeat_timeout_s"):
+        load_settings(bad)
+    bad.write_text("no_such_knob: 1\n")
+    with pytest.raises(ConfigError, match="no_such_knob"):
+        load_settings(bad)
+
+
+def test_subjects_and_tokens() -> None:
+    assert wire.node_cmd_subject("node-1", "checkpointer") == "ferry.cmd.node.node-1.checkpointer"
+    assert wire.node_event_subject("n1", "exited") == "ferry.evt.node.n1.exited"
+    assert wire.ckpt_key("job-1", "ck-2") == "job-1.ck-2"
+    for bad in ("a.b", "a b", "*", ">", ""):
+        with pytest.raises(wire.WireError):
+            wire.token(bad)
+
+
+def test_messages_round_trip_and_malformed_is_refused() -> None:
+    cmd = wire.SchedulerCommand(op="op-1", kind=OpKind.SUBMIT, spec=wire.JobSpec(name="t", argv=["true"]))
+    assert wire.decode(wire.SchedulerCommand, wire.encode(cmd)) == cmd
+    with pytest.raises(wire.WireError):
+        wire.decode(wire.SchedulerCommand, b'{"op": 1}')
+    with pytest.raises(wire.WireError):
+        wire.decode(wire.NodeEvent, b"not json")
+
+
+def _node(i: int, **kw: object) -> Node:
+    return Node.model_validate({"id": f"node-{i}", "criu_ok": True, "heartbeat": 1000.0, **kw})
+
+
+def test_placement_picks_least_loaded_usable_node() -> None:
+    nodes = [_node(1), _node(2), _node(3, criu_ok=False, criu_error="no criu"), _node(4, state=NodeState.LOST)]
+    jobs = [Job(id="j1", name="a", argv=["x"], node="node-1", state=JobState.RUNNING)]
+    best, why = choose_node(nodes, jobs, now=1001.0, heartbeat_timeout_s=5)
+    assert best is not None and best.id == "node-2" and why == ""
+    assert usable(nodes[2], 1001.0, 5) == "node node-3 has no usable CRIU (no criu)"
+    assert "heartbeat" in (usable(_node(5), 2000.0, 5) or "")
+    none, why = choose_node(nodes[2:], [], now=1001.0, heartbeat_timeout_s=5)
+    assert none is None and "no usable CRIU" in why and "lost" in why
+
+
+def test_cli_output_keeps_numbers_and_all_fields() -> None:
+    job = pb.Job(id="job-1", name="t", state="running", node="node-1", has_exit_code=False)
+    d = job_dict(job)
+    assert d["exit_code"] is None and d["last_checkpoint"] is None and d["node"] == "node-1"
+    ck = to_dict(pb.Checkpoint(id="ck", bytes_logical=2**40))
+    assert ck["bytes_logical"] == 2**40 and ck["log_excerpt"] == []
+
+
+def test_run_arguments_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["run", "--env", "A=1", "--env", "B=x=y", "--cwd", str(tmp_path), "--",
+                              "python", "-c", "print(1)", "-o", "json"])
+    commands.validate_run(args)
+    assert args.command == ["python", "-c", "print(1)", "-o", "json"]
+    assert args.env_map == {"A": "1", "B": "x=y"}
+    for bad in (["run", "--"], ["run", "--checkpoint-every", "soon", "--", "x"], ["run", "--env", "A", "--", "x"]):
+        with pytest.raises(UsageError):
+            commands.validate_run(parser.parse_args(bad))
+
+
+def test_every_command_takes_output_json() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        assert any("--output" in a.option_strings for a in p._actions), name
