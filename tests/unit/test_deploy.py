@@ -1,0 +1,597 @@
+"""The deployment files under deploy/ agree with the code they deploy.
+
+Kubernetes manifests are parsed document by document; the Nomad jobs and the Dockerfile get light
+text checks. What is checked is what a typo or a renamed setting would silently break: modules that
+must exist, FERRY_* variables that must be settings, probes that must use --check, the config file
+that must load, names that must refer to each other, and the node supervisor script, which is run
+here against a stand-in `python`.
+"""
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from ferry.common.config import Settings, load_settings
+from ferry.store.s3 import S3Backend
+from ferry.store.url import open_backend
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "kubernetes"
+NOMAD = DEPLOY / "nomad"
+IMAGE = "ghcr.io/ferry-project/ferry:0.1.0"
+CONTROL = ("api", "scheduler", "health", "pricing")
+NODE = ("checkpointer", "migrator")
+SERVICES = CONTROL + NODE
+NAMESPACE = "ferry"
+REAL_VARS = {f"FERRY_{name.upper()}" for name in Settings.model_fields} | {
+    "FERRY_CONFIG",
+    "FERRY_S3_ACCESS_KEY",
+    "FERRY_S3_SECRET_KEY",
+}
+MODULE_RE = re.compile(r"\bpython3?\s+-m\s+(ferry(?:\.\w+)+)")
+NOMAD_MODULE_RE = re.compile(r'"-m",\s*"(ferry(?:\.\w+)+)"')
+VAR_RE = re.compile(r"\bFERRY_[A-Z0-9_]+")
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
+CLUSTER_SCOPED = ("Namespace",)
+
+Doc = dict[str, Any]
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in K8S.iterdir() if p.suffix in (".yaml", ".yml") and p.stem != "kustomization")
+
+
+@cache
+def documents() -> tuple[tuple[str, Doc], ...]:
+    """(file name, document) for every non-empty YAML document of every manifest."""
+    docs: list[tuple[str, Doc]] = []
+    for path in manifest_files():
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is None:
+                continue
+            assert isinstance(doc, dict), f"{path.name}: a document is not a mapping"
+            docs.append((path.name, doc))
+    return tuple(docs)
+
+
+def objects(kind: str) -> list[Doc]:
+    return [doc for _, doc in documents() if doc.get("kind") == kind]
+
+
+def the(kind: str, name: str) -> Doc:
+    found = [doc for doc in objects(kind) if doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected exactly one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(doc: Doc) -> Doc:
+    spec = doc["spec"]["template"]["spec"]
+    assert isinstance(spec, dict)
+    return spec
+
+
+def workloads() -> list[Doc]:
+    return [doc for _, doc in documents() if doc.get("kind") in WORKLOAD_KINDS]
+
+
+def containers(doc: Doc, *, init: bool = True) -> list[Doc]:
+    spec = pod_spec(doc)
+    found: list[Doc] = list(spec.get("initContainers", [])) if init else []
+    return found + list(spec["containers"])
+
+
+def command_text(container: Doc) -> str:
+    return " ".join(str(part) for part in [*container.get("command", []), *container.get("args", [])])
+
+
+def code_lines(script: str) -> list[str]:
+    """The lines of a shell script that are not blank or comments."""
+    return [line for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def modules_run(container: Doc) -> list[str]:
+    """The `python -m ferry.X` modules a container's command runs (its probes and comments not counted)."""
+    return MODULE_RE.findall("\n".join(code_lines(command_text(container))))
+
+
+def probes(container: Doc) -> dict[str, Doc]:
+    return {kind: container[kind] for kind in ("startupProbe", "readinessProbe", "livenessProbe") if kind in container}
+
+
+def ferry_service_containers() -> Iterator[tuple[Doc, Doc, list[str]]]:
+    """(workload, container, the Ferry services it runs) for every container that runs one."""
+    for doc in workloads():
+        for container in containers(doc, init=False):
+            services = [m.removeprefix("ferry.") for m in modules_run(container)]
+            if services:
+                yield doc, container, services
+
+
+def env_value(container: Doc, name: str) -> Doc:
+    for var in container.get("env", []):
+        if var["name"] == name:
+            assert isinstance(var, dict)
+            return var
+    raise AssertionError(f"container {container['name']} has no env {name}")
+
+
+def config_text() -> str:
+    text = the("ConfigMap", "ferry-config")["data"]["ferry.yaml"]
+    assert isinstance(text, str)
+    return text
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("FERRY_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, clean_env: None) -> Settings:
+    path = tmp_path / "ferry.yaml"
+    path.write_text(config_text())
+    return load_settings(path)
+
+
+# -- Kubernetes: structure ------------------------------------------------------------------------
+
+
+def test_manifests_exist() -> None:
+    assert manifest_files(), "no manifests under deploy/kubernetes"
+    assert (K8S / "kustomization.yaml").is_file()
+
+
+def test_every_document_has_kind_api_version_and_name() -> None:
+    for name, doc in documents():
+        where = f"{name}: {doc.get('kind')}"
+        assert isinstance(doc.get("apiVersion"), str) and doc["apiVersion"], f"{where} has no apiVersion"
+        assert isinstance(doc.get("kind"), str) and doc["kind"], f"{name}: a document has no kind"
+        metadata = doc.get("metadata")
+        assert isinstance(metadata, dict) and metadata.get("name"), f"{where} has no metadata.name"
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert metadata.get("namespace") == NAMESPACE, f"{where} {metadata['name']} is not in {NAMESPACE}"
+
+
+def test_objects_are_unique() -> None:
+    keys = [(doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"]) for _, doc in documents()]
+    assert len(keys) == len(set(keys)), f"duplicate objects: {sorted(k for k in keys if keys.count(k) > 1)}"
+
+
+def test_kustomization_lists_every_file() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources)), "a file is listed twice"
+    assert set(resources) == {p.name for p in manifest_files()}
+    assert kustomization.get("namespace") == NAMESPACE
+
+
+def test_the_expected_objects_are_there() -> None:
+    assert the("Namespace", NAMESPACE)
+    assert the("StatefulSet", "nats") and the("Service", "nats")
+    assert the("StatefulSet", "minio") and the("Service", "minio") and the("Job", "minio-create-bucket")
+    assert the("ConfigMap", "ferry-config") and the("Secret", "ferry-secrets")
+    assert the("Service", "ferry-api")
+    for service in CONTROL:
+        deployment = the("Deployment", f"ferry-{service}")
+        assert deployment["spec"]["replicas"] == 1
+    assert the("DaemonSet", "ferry-node")
+
+
+def test_selectors_match_pod_labels() -> None:
+    pod_labels = []
+    for doc in workloads():
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        pod_labels.append(labels)
+        if doc["kind"] == "Job":
+            continue
+        wanted = doc["spec"]["selector"]["matchLabels"]
+        assert wanted.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']}: selector misses its pods"
+    for service in objects("Service"):
+        selector = service["spec"]["selector"]
+        assert any(selector.items() <= labels.items() for labels in pod_labels), (
+            f"Service {service['metadata']['name']} selects no pod"
+        )
+
+
+def test_statefulsets_name_an_existing_headless_service() -> None:
+    for sts in objects("StatefulSet"):
+        service = the("Service", sts["spec"]["serviceName"])
+        assert service["spec"].get("clusterIP") == "None"
+        assert sts["spec"]["volumeClaimTemplates"], f"StatefulSet {sts['metadata']['name']} has no volume"
+
+
+def test_nats_runs_jetstream_on_its_volume() -> None:
+    nats = the("StatefulSet", "nats")
+    (container,) = containers(nats)
+    assert container["image"].split(":")[0] == "nats"
+    args = container["args"]
+    assert "-js" in args and args[args.index("-sd") + 1] == "/data"
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    claims = {c["metadata"]["name"] for c in nats["spec"]["volumeClaimTemplates"]}
+    assert mounts["/data"] in claims
+
+
+# -- Kubernetes: Ferry containers -----------------------------------------------------------------
+
+
+def test_ferry_modules_exist() -> None:
+    texts = [command_text(c) for doc in workloads() for c in containers(doc)]
+    texts += [" ".join(p["exec"]["command"]) for doc in workloads() for c in containers(doc)
+              for p in probes(c).values() if "exec" in p]
+    modules = {m for text in texts for m in MODULE_RE.findall(text)}
+    assert modules, "no container runs python -m ferry.X"
+    for module in sorted(modules):
+        assert importlib.util.find_spec(module) is not None, f"module {module} does not exist"
+
+
+def test_every_service_is_deployed_once_by_the_ferry_image() -> None:
+    deployed: list[str] = []
+    for doc, container, services in ferry_service_containers():
+        assert container["image"] == IMAGE, f"{doc['metadata']['name']}/{container['name']} runs {container['image']}"
+        assert set(services) <= set(SERVICES), f"{container['name']} runs {services}"
+        deployed += services
+    assert sorted(deployed) == sorted(SERVICES)
+    for service in CONTROL:
+        (container,) = containers(the("Deployment", f"ferry-{service}"))
+        assert container["command"] == ["python", "-m", f"ferry.{service}"]
+
+
+def test_ferry_variables_are_real_settings() -> None:
+    files = [*K8S.glob("*.yaml"), *NOMAD.glob("*.hcl"), DEPLOY / "Dockerfile", DEPLOY / "README.md"]
+    for path in files:
+        unknown = set(VAR_RE.findall(path.read_text())) - REAL_VARS
+        assert not unknown, f"{path.relative_to(ROOT)} uses {sorted(unknown)}, which no setting reads"
+    for doc in workloads():
+        for container in containers(doc):
+            for var in container.get("env", []):
+                if var["name"].startswith("FERRY_"):
+                    assert var["name"] in REAL_VARS, f"{container['name']}: {var['name']} is no setting"
+    assert set(VAR_RE.findall(config_text())) <= REAL_VARS
+
+
+def test_secret_keys_are_real_and_every_reference_resolves() -> None:
+    secret = the("Secret", "ferry-secrets")
+    keys = set(secret.get("stringData", {})) | set(secret.get("data", {}))
+    assert keys == {"FERRY_TOKEN", "FERRY_S3_ACCESS_KEY", "FERRY_S3_SECRET_KEY"}
+    configmaps = {cm["metadata"]["name"]: set(cm["data"]) for cm in objects("ConfigMap")}
+    for doc in workloads():
+        for container in containers(doc):
+            for var in container.get("env", []):
+                ref = var.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] == "ferry-secrets" and ref["key"] in keys, f"{container['name']}: {ref}"
+        for volume in pod_spec(doc).get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps, f"{doc['metadata']['name']}: {volume}"
+
+
+def test_ferry_containers_read_the_config_file() -> None:
+    for doc, container, _ in ferry_service_containers():
+        path = Path(env_value(container, "FERRY_CONFIG")["value"])
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        volume = volumes[mounts[str(path.parent)]]
+        assert volume["configMap"]["name"] == "ferry-config", doc["metadata"]["name"]
+        assert path.name in the("ConfigMap", "ferry-config")["data"]
+
+
+def test_probes_use_check() -> None:
+    for doc, container, services in ferry_service_containers():
+        where = f"{doc['metadata']['name']}/{container['name']}"
+        found = probes(container)
+        assert "readinessProbe" in found, f"{where} has no readinessProbe"
+        if doc["kind"] == "Deployment":
+            assert "livenessProbe" in found, f"{where} has no livenessProbe"
+        for kind, probe in found.items():
+            assert "exec" in probe, f"{where}: {kind} is not an exec probe"
+            text = " ".join(probe["exec"]["command"])
+            for service in services:
+                assert re.search(rf"\bpython -m ferry\.{service} --check\b", text), f"{where}: {kind} skips {service}"
+            assert probe.get("timeoutSeconds", 1) >= 5, f"{where}: {kind} gives --check too little time"
+
+
+def test_pods_outlast_the_drain(settings: Settings) -> None:
+    for doc, _, _ in ferry_service_containers():
+        grace = pod_spec(doc).get("terminationGracePeriodSeconds", 30)
+        assert grace > settings.drain_timeout_s, f"{doc['metadata']['name']}: SIGTERM grace {grace}s is too short"
+
+
+def test_resources_are_set() -> None:
+    for doc in workloads():
+        for container in containers(doc):
+            where = f"{doc['metadata']['name']}/{container['name']}"
+            resources = container.get("resources", {})
+            assert {"cpu", "memory"} <= set(resources.get("requests", {})), f"{where} requests no cpu and memory"
+            if doc["metadata"]["name"] == "ferry-node" and container["name"] == "node":
+                # the workloads run in this container's cgroup: a limit would cap them
+                assert "limits" not in resources, f"{where} must not limit the workloads it runs"
+            else:
+                assert {"cpu", "memory"} <= set(resources.get("limits", {})), f"{where} has no limits"
+
+
+def test_control_plane_runs_unprivileged() -> None:
+    for service in CONTROL:
+        deployment = the("Deployment", f"ferry-{service}")
+        assert pod_spec(deployment)["securityContext"]["runAsNonRoot"] is True
+        assert not pod_spec(deployment).get("hostPID")
+        (container,) = containers(deployment)
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert not container["securityContext"].get("privileged")
+
+
+def test_api_service_reaches_the_api(settings: Settings) -> None:
+    (container,) = containers(the("Deployment", "ferry-api"))
+    host, port = env_value(container, "FERRY_ADDR")["value"].rsplit(":", 1)
+    assert host == "0.0.0.0", "the API must listen on the pod's address, not on loopback"
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (service_port,) = the("Service", "ferry-api")["spec"]["ports"]
+    assert named[service_port["targetPort"]] == int(port) == service_port["port"] == 7070
+    assert env_value(container, "FERRY_TOKEN")["valueFrom"]["secretKeyRef"]["key"] == "FERRY_TOKEN"
+
+
+# -- Kubernetes: the node DaemonSet ---------------------------------------------------------------
+
+
+def node_daemonset() -> Doc:
+    return the("DaemonSet", "ferry-node")
+
+
+def node_container() -> Doc:
+    (container,) = containers(node_daemonset(), init=False)
+    return container
+
+
+def test_node_daemonset_is_privileged_with_host_pid() -> None:
+    spec = pod_spec(node_daemonset())
+    assert spec["hostPID"] is True
+    for container in containers(node_daemonset()):
+        assert container["securityContext"]["privileged"] is True, container["name"]
+    # one container: a restored workload lives in the migrator's mount namespace, and the
+    # checkpointer's CRIU can dump it only from that same namespace
+    assert sorted(modules_run(node_container())) == ["ferry.checkpointer", "ferry.migrator"]
+    assert node_daemonset()["spec"]["updateStrategy"]["type"] == "OnDelete"
+
+
+def test_node_id_comes_from_the_node_name() -> None:
+    field = env_value(node_container(), "FERRY_NODE_ID")["valueFrom"]["fieldRef"]["fieldPath"]
+    assert field == "spec.nodeName"
+
+
+def test_node_work_dir_is_on_the_host_at_the_same_path(settings: Settings) -> None:
+    spec = pod_spec(node_daemonset())
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in node_container()["volumeMounts"]}
+    data_dir = str(settings.data_dir)
+    assert env_value(node_container(), "FERRY_DATA_DIR")["value"] == data_dir
+    assert volumes[mounts[data_dir]]["hostPath"]["path"] == data_dir
+
+
+def test_node_init_container_raises_pipe_max_size() -> None:
+    (init,) = pod_spec(node_daemonset())["initContainers"]
+    assert init["securityContext"]["privileged"] is True
+    script = command_text(init)
+    assert "/proc/sys/fs/pipe-max-size" in script and str(16 * 1024 * 1024) in script
+
+
+# -- the config file ------------------------------------------------------------------------------
+
+
+def service_endpoint(host: str) -> tuple[str, Doc]:
+    """The Service that `host` (name.namespace.svc[.cluster.local]) names, and its namespace."""
+    name, namespace, *rest = host.split(".")
+    assert rest[:1] == ["svc"], f"{host} is not a Service address"
+    return namespace, the("Service", name)
+
+
+def test_config_loads_and_points_at_the_services(settings: Settings) -> None:
+    nats = urlsplit(settings.nats_url)
+    assert nats.scheme == "nats" and nats.hostname and nats.port
+    namespace, service = service_endpoint(nats.hostname)
+    assert namespace == NAMESPACE
+    assert nats.port in {p["port"] for p in service["spec"]["ports"]}
+    assert settings.otel_exporter == "none"
+
+
+def test_store_url_opens_and_names_the_bucket_the_job_creates(settings: Settings) -> None:
+    backend = open_backend(
+        settings.resolved_store_url(), env={"FERRY_S3_ACCESS_KEY": "k", "FERRY_S3_SECRET_KEY": "secret-key"}
+    )
+    assert isinstance(backend, S3Backend)
+    host, port = backend.endpoint.rsplit(":", 1)
+    namespace, service = service_endpoint(host)
+    assert namespace == NAMESPACE
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    (job,) = containers(the("Job", "minio-create-bucket"))
+    assert f"/{backend.bucket}" in command_text(job)
+    assert f"http://{backend.endpoint}" in command_text(job)
+
+
+def test_config_file_rejects_what_it_should(tmp_path: Path, clean_env: None) -> None:
+    # the check above means something only if load_settings refuses an unknown key
+    from ferry.common.errors import ConfigError
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(config_text() + "no_such_setting: 1\n")
+    with pytest.raises(ConfigError):
+        load_settings(path)
+
+
+# -- the node supervisor script -------------------------------------------------------------------
+
+
+def k8s_node_script() -> str:
+    command = node_container()["command"]
+    assert command[:2] == ["/bin/sh", "-c"] and len(command) == 3
+    script = command[2]
+    assert isinstance(script, str)
+    return script
+
+
+def nomad_node_script() -> str:
+    text = (NOMAD / "ferry-node.nomad.hcl").read_text()
+    match = re.search(r"node_script = <<-EOS\n(.*?)\n\s*EOS\n", text, re.DOTALL)
+    assert match, "ferry-node.nomad.hcl has no node_script heredoc"
+    assert "${" not in match.group(1) and "%{" not in match.group(1), "HCL would interpolate the script"
+    return textwrap.dedent(match.group(1)) + "\n"
+
+
+def test_nomad_and_kubernetes_run_the_same_node_script() -> None:
+    assert code_lines(nomad_node_script()) == code_lines(k8s_node_script())
+
+
+FAKE_PYTHON = """#!/bin/sh
+# stands in for python: logs how it was called, drains for a moment on SIGTERM
+echo "start $FERRY_NODE_ID $*" >> "$LOG"
+case "$*" in *--check*) exit 0;; esac
+trap 'sleep 0.3; echo "stopped $*" >> "$LOG"; exit 0' TERM
+while :; do sleep 0.05; done
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").write_text(FAKE_PYTHON)
+    (bindir / "python").chmod(0o755)
+    log = tmp_path / "log"
+    log.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+    env.update(PATH=f"{bindir}:{env.get('PATH', os.defpath)}", LOG=str(log), FERRY_NODE_ID="ip-10-0-0-1.ec2.internal")
+    return env, log
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_node_script_runs_both_services_and_drains_them(fake_python: tuple[dict[str, str], Path]) -> None:
+    env, log = fake_python
+    proc = subprocess.Popen(["/bin/sh", "-c", k8s_node_script()], env=env, start_new_session=True)
+    try:
+        wait_for(lambda: log.read_text().count("start ") == 2, "both services to start")
+        assert sorted(log.read_text().splitlines()) == [
+            "start ip-10-0-0-1-ec2-internal -m ferry.checkpointer",
+            "start ip-10-0-0-1-ec2-internal -m ferry.migrator",
+        ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        # it returned only after both services had finished their drain
+        stopped = sorted(line for line in log.read_text().splitlines() if line.startswith("stopped"))
+        assert stopped == ["stopped -m ferry.checkpointer", "stopped -m ferry.migrator"]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_node_readiness_probe_checks_both_with_the_clean_node_id(fake_python: tuple[dict[str, str], Path]) -> None:
+    env, log = fake_python
+    command = node_container()["readinessProbe"]["exec"]["command"]
+    result = subprocess.run(command, env=env, timeout=10, check=False)
+    assert result.returncode == 0
+    assert log.read_text().splitlines() == [
+        "start ip-10-0-0-1-ec2-internal -m ferry.checkpointer --check",
+        "start ip-10-0-0-1-ec2-internal -m ferry.migrator --check",
+    ]
+
+
+# -- Nomad ----------------------------------------------------------------------------------------
+
+
+def hcl(name: str) -> str:
+    return (NOMAD / name).read_text()
+
+
+def test_nomad_files_are_there_and_balanced() -> None:
+    names = {"ferry.nomad.hcl", "ferry-node.nomad.hcl", "nats.nomad.hcl"}
+    assert {p.name for p in NOMAD.glob("*.hcl")} == names
+    for name in names:
+        text = hcl(name)
+        for left, right in ("{}", "[]", "()"):
+            assert text.count(left) == text.count(right), f"{name}: unbalanced {left}{right}"
+
+
+def test_nomad_control_job_runs_the_control_plane() -> None:
+    text = hcl("ferry.nomad.hcl")
+    assert re.search(r'^job "ferry" \{', text, re.MULTILINE)
+    assert 'group "control"' in text
+    for service in CONTROL:
+        assert f'task "{service}"' in text, f"no task {service}"
+    assert sorted(NOMAD_MODULE_RE.findall(text)) == sorted(f"ferry.{s}" for s in CONTROL)
+    assert f'image = "{IMAGE}"' in text and 'driver       = "docker"' in text
+    assert 'FERRY_ADDR   = "0.0.0.0:7070"' in text
+
+
+def test_nomad_node_job_runs_on_every_client() -> None:
+    text = hcl("ferry-node.nomad.hcl")
+    assert re.search(r'^job "ferry-node" \{', text, re.MULTILINE)
+    assert 'type = "system"' in text
+    assert "privileged = true" in text and 'pid_mode   = "host"' in text
+    assert sorted(MODULE_RE.findall("\n".join(code_lines(nomad_node_script())))) == [
+        "ferry.checkpointer",
+        "ferry.migrator",
+    ]
+    assert '"/var/lib/ferry:/var/lib/ferry"' in text and "FERRY_NODE_ID" in text
+    assert "/proc/sys/fs/pipe-max-size" in text
+
+
+def test_nomad_nats_job_runs_jetstream() -> None:
+    text = hcl("nats.nomad.hcl")
+    assert 'task "nats"' in text and 'name     = "nats"' in text
+    assert '"-js", "-sd", "/data"' in text
+
+
+def test_nomad_config_templates_name_real_settings() -> None:
+    for name in ("ferry.nomad.hcl", "ferry-node.nomad.hcl"):
+        templates = re.findall(r"<<-EOT\n(.*?)\n\s*EOT\n", hcl(name), re.DOTALL)
+        configs = [t for t in templates if "nats_url:" in t]
+        assert configs, f"{name} writes no ferry.yaml"
+        for config in configs:
+            keys = re.findall(r"^\s*([a-z_]+):", config, re.MULTILINE)
+            assert "nats_url" in keys
+            unknown = set(keys) - set(Settings.model_fields)
+            assert not unknown, f"{name}: {sorted(unknown)} are no settings"
+
+
+def test_nomad_modules_exist() -> None:
+    for path in NOMAD.glob("*.hcl"):
+        text = path.read_text()
+        for module in {*MODULE_RE.findall(text), *NOMAD_MODULE_RE.findall(text)}:
+            assert importlib.util.find_spec(module) is not None, f"{path.name}: {module} does not exist"
+
+
+# -- the image -------------------------------------------------------------------------------------
+
+
+def test_dockerfile_builds_the_image_on_debian_13_with_criu() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "debian:trixie" in text
+    assert re.search(r"apt-get install[^\n]*\bcriu\b", text)
+    assert "pip install --no-cache-dir /src" in text
+    for service in SERVICES:
+        assert f"ferry.{service}" in text, f"the image's smoke test skips ferry.{service}"
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
+    assert ".venv" in ignore and ".git" in ignore
