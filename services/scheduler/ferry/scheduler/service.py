@@ -316,8 +316,11 @@ class Scheduler(Service):
         await self.state.finish_op(kill_op)
         if op_id:
             op = await self.state.op(op_id)
-            await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
-                                                    f"{op.kind if op else 'operation'}")
+            if op is not None and op.kind == OpKind.SUBMIT:
+                await self.state.finish_op(op_id)  # it started and already ended: the submit worked
+            else:
+                await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
+                                                        f"{op.kind if op else 'operation'}")
 
     async def on_checkpoint(self, job: Job, ev: wire.NodeEvent) -> None:
         record = ev.checkpoint
