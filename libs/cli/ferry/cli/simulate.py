@@ -1,0 +1,101 @@
+"""`ferry simulate`: replay spot availability traces against Ferry's placement policy.
+
+It needs no cluster: it reads the trace files, runs the scheduler's own policy over them next to
+two baselines (on-demand only, and Uniform Progress from the Can't Be Late paper) and prints
+cost relative to on-demand, whether the deadline was met, moves and lost hours.
+"""
+
+import argparse
+import math
+from typing import Any
+
+from ferry.cli.output import print_json, table
+from ferry.common.errors import UsageError
+from ferry.common.units import parse_duration
+from ferry.scheduler.simulate import POLICIES, SimulationReport, load_trace, simulate
+
+EPILOG = """examples:
+  ferry simulate --trace us-east-1a.json --job-hours 48 --deadline-hours 70
+  ferry simulate --trace a.json --trace b.json --job-hours 24 --deadline-hours 36 --start-hour 12 -o json
+"""
+
+
+def add_simulate_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
+                        common: argparse.ArgumentParser) -> None:
+    """Adds `ferry simulate` to the CLI's subcommands (`common` adds -o/--output and --addr)."""
+    help_ = "replay spot availability traces: Ferry's policy against on-demand and Uniform Progress"
+    p = sub.add_parser("simulate", help=help_, description=help_, parents=[common], epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", action="append", required=True, metavar="FILE",
+                   help='availability trace, {"metadata": {"gap_seconds": N}, "data": [0|1, ...]} '
+                        "(1 = no spot); repeat for more zones")
+    p.add_argument("--job-hours", type=float, required=True, help="hours of work the job needs")
+    p.add_argument("--deadline-hours", type=float, required=True, help="hours from the start to the deadline")
+    p.add_argument("--on-demand-price", type=float, default=3.06, help="USD per hour on on-demand (default 3.06)")
+    p.add_argument("--spot-price", type=float, default=0.92, help="USD per hour on spot (default 0.92)")
+    p.add_argument("--checkpoint-every", default="10m", metavar="DURATION",
+                   help="Ferry's checkpoint interval while on spot (default 10m)")
+    p.add_argument("--checkpoint-time", default="30s", metavar="DURATION",
+                   help="how long one checkpoint pauses the job (default 30s)")
+    p.add_argument("--restore-time", default="60s", metavar="DURATION",
+                   help="how long a restore takes (default 60s)")
+    p.add_argument("--start-hour", type=float, default=0.0, help="start this many hours into the traces (default 0)")
+
+
+def _positive(name: str, value: float, *, zero_ok: bool = False) -> float:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise UsageError(f"{name} must be a number {'>= 0' if zero_ok else '> 0'}, got {value:g}")
+    return value
+
+
+def run_simulation(args: argparse.Namespace) -> SimulationReport:
+    """Checks the arguments, loads the traces and simulates."""
+    job = _positive("--job-hours", args.job_hours)
+    deadline = _positive("--deadline-hours", args.deadline_hours)
+    if deadline < job:
+        raise UsageError(f"--deadline-hours {deadline:g} is shorter than --job-hours {job:g}: no policy can make it")
+    od = _positive("--on-demand-price", args.on_demand_price)
+    spot = _positive("--spot-price", args.spot_price, zero_ok=True)
+    start = _positive("--start-hour", args.start_hour, zero_ok=True)
+    every = parse_duration(args.checkpoint_every)
+    if every <= 0:
+        raise UsageError("--checkpoint-every must be longer than 0s")
+    traces = [load_trace(path) for path in args.trace]
+    gaps = sorted({tr.gap_seconds for tr in traces})
+    if len(gaps) > 1:
+        raise UsageError(f"the traces have different ticks ({', '.join(f'{g:g}s' for g in gaps)}): "
+                         "give traces recorded with the same gap_seconds")
+    start_tick = round(start * 3600 / gaps[0])
+    longest = max(len(tr.data) for tr in traces)
+    if start_tick >= longest:
+        raise UsageError(f"--start-hour {start:g} is past the end of the traces "
+                         f"({longest * gaps[0] / 3600:g} hours long)")
+    return simulate(traces, job, deadline, on_demand_price=od, spot_price=spot, checkpoint_every_s=every,
+                    checkpoint_s=parse_duration(args.checkpoint_time), restore_s=parse_duration(args.restore_time),
+                    start_tick=start_tick)
+
+
+def report_dict(report: SimulationReport) -> dict[str, Any]:
+    """The JSON document of `ferry simulate -o json`."""
+    doc = report.model_dump(mode="json")
+    doc["ferry_saving"] = {base: round(report.saving_vs(base), 6) for base in ("uniform_progress", "on_demand")}
+    return doc
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    report = run_simulation(args)
+    if args.output == "json":
+        print_json(report_dict(report))
+        return 0
+    rows = []
+    for name in POLICIES:
+        r = report.policies[name]
+        finished = "-" if r.finished_at_hours is None else f"{r.finished_at_hours:.2f}"
+        rows.append([name, f"{r.cost:.2f}", f"{r.cost_ratio:.3f}", "met" if r.deadline_met else "MISSED",
+                     r.moves, f"{r.lost_hours:.2f}", finished])
+    print(f"{len(report.traces)} zone(s), {report.job_hours:g} h of work, deadline {report.deadline_hours:g} h, "
+          f"from hour {report.start_hour:g} of the traces")
+    table(rows, ["POLICY", "COST USD", "VS ON-DEMAND", "DEADLINE", "MOVES", "LOST H", "FINISHED H"])
+    print(f"ferry saves {report.saving_vs('uniform_progress'):.1%} against uniform_progress "
+          f"and {report.saving_vs('on_demand'):.1%} against on_demand")
+    return 0
