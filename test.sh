@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 ./setup.sh --no-demo
-exec .venv/bin/tox -q -- "$@"
+if [ $# -gt 0 ]; then exec .venv/bin/tox -q -- "$@"; fi
+exec .venv/bin/tox -q

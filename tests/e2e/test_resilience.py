@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +62,14 @@ def test_api_and_migrator_killed(cluster: Cluster) -> None:
     nodes = {n["id"] for n in cluster.json("nodes")}
     assert {"node-1", "node-2"} <= nodes
     cluster.ferry("kill", "res-api")
+
+
+def test_services_answer_check_probes(cluster: Cluster) -> None:
+    env = {**cluster.env, "FERRY_NATS_URL": cluster.up_state()["nats_url"]}
+    for args in (["ferry.scheduler"], ["ferry.api"], ["ferry.health"], ["ferry.checkpointer", "--node", "node-1"],
+                 ["ferry.migrator", "--node", "node-2"]):
+        probe = subprocess.run([sys.executable, "-m", *args, "--check"], env=env, capture_output=True, timeout=60)
+        assert probe.returncode == 0, (args, probe.stderr)
+    missing = subprocess.run([sys.executable, "-m", "ferry.checkpointer", "--node", "node-77", "--check"], env=env,
+                             capture_output=True, timeout=60)
+    assert missing.returncode == 1

@@ -13,7 +13,8 @@ from ferry.common.config import load_settings
 from ferry.common.errors import ConfigError, UsageError
 from ferry.common.models import Job, JobState, Node, NodeState, OpKind
 from ferry.common.units import format_bytes, parse_duration, parse_size
-from ferry.scheduler.placement import choose_node, usable
+from ferry.scheduler.placement import usable
+from ferry.scheduler.views import node_views
 from ferry.v1 import ferry_pb2 as pb
 
 
@@ -80,15 +81,18 @@ def _node(i: int, **kw: object) -> Node:
     return Node.model_validate({"id": f"node-{i}", "criu_ok": True, "heartbeat": 1000.0, **kw})
 
 
-def test_placement_picks_least_loaded_usable_node() -> None:
-    nodes = [_node(1), _node(2), _node(3, criu_ok=False, criu_error="no criu"), _node(4, state=NodeState.LOST)]
-    jobs = [Job(id="j1", name="a", argv=["x"], node="node-1", state=JobState.RUNNING)]
-    best, why = choose_node(nodes, jobs, now=1001.0, heartbeat_timeout_s=5)
-    assert best is not None and best.id == "node-2" and why == ""
+def test_usable_nodes_and_their_free_capacity() -> None:
+    nodes = [_node(1, cpus=4), _node(2, cpus=4), _node(3, criu_ok=False, criu_error="no criu"),
+             _node(4, state=NodeState.LOST)]
+    jobs = [Job(id="j1", name="a", argv=["x"], node="node-1", state=JobState.RUNNING, cpus=3),
+            Job(id="j2", name="b", argv=["x"], node="node-1", state=JobState.PREEMPTED, cpus=3),
+            Job(id="j3", name="c", argv=["x"], node="node-2", state=JobState.SUCCEEDED, cpus=3)]
+    views = {v.id: v for v in node_views(nodes, jobs, now=1001.0, heartbeat_timeout_s=5)}
+    assert views["node-1"].free_cpus == 1 and views["node-2"].free_cpus == 4
+    assert views["node-1"].usable and not views["node-3"].usable and not views["node-4"].usable
     assert usable(nodes[2], 1001.0, 5) == "node node-3 has no usable CRIU (no criu)"
     assert "heartbeat" in (usable(_node(5), 2000.0, 5) or "")
-    none, why = choose_node(nodes[2:], [], now=1001.0, heartbeat_timeout_s=5)
-    assert none is None and "no usable CRIU" in why and "lost" in why
+    assert views["node-4"].reason == "node node-4 is lost"
 
 
 def test_cli_output_keeps_numbers_and_all_fields() -> None:

@@ -6,6 +6,62 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node", "undo")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    UNDO_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    undo: bool
+    def __init__(self, node: _Optional[str] = ..., undo: _Optional[bool] = ...) -> None: ...
+
+class ListPricesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Price(_message.Message):
+    __slots__ = ("zone", "region", "instance_type", "market", "price_per_hour", "timestamp", "source")
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MARKET_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    zone: str
+    region: str
+    instance_type: str
+    market: str
+    price_per_hour: float
+    timestamp: float
+    source: str
+    def __init__(self, zone: _Optional[str] = ..., region: _Optional[str] = ..., instance_type: _Optional[str] = ..., market: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., timestamp: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+
+class ListPricesResponse(_message.Message):
+    __slots__ = ("prices",)
+    PRICES_FIELD_NUMBER: _ClassVar[int]
+    prices: _containers.RepeatedCompositeFieldContainer[Price]
+    def __init__(self, prices: _Optional[_Iterable[_Union[Price, _Mapping]]] = ...) -> None: ...
+
+class ChaosRequest(_message.Message):
+    __slots__ = ("kind", "node", "in_s")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    IN_S_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    node: str
+    in_s: float
+    def __init__(self, kind: _Optional[str] = ..., node: _Optional[str] = ..., in_s: _Optional[float] = ...) -> None: ...
+
+class ChaosResponse(_message.Message):
+    __slots__ = ("node", "deadline", "message")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    deadline: float
+    message: str
+    def __init__(self, node: _Optional[str] = ..., deadline: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
 class JobRef(_message.Message):
     __slots__ = ("job",)
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -13,7 +69,7 @@ class JobRef(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("name", "argv", "env", "cwd", "node", "checkpoint_every_s", "priority")
+    __slots__ = ("name", "argv", "env", "cwd", "node", "checkpoint_every_s", "priority", "cpus", "memory_bytes", "gpus", "deadline_s", "max_downtime_s")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +84,11 @@ class SubmitJobRequest(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_S_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     argv: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -35,7 +96,12 @@ class SubmitJobRequest(_message.Message):
     node: str
     checkpoint_every_s: float
     priority: int
-    def __init__(self, name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
+    cpus: float
+    memory_bytes: int
+    gpus: int
+    deadline_s: float
+    max_downtime_s: float
+    def __init__(self, name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., cpus: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., deadline_s: _Optional[float] = ..., max_downtime_s: _Optional[float] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("all",)
@@ -136,7 +202,7 @@ class LogChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "argv", "env", "cwd", "state", "node", "restarts", "last_checkpoint", "has_exit_code", "exit_code", "error", "created", "updated", "checkpoint_every_s", "priority", "incarnation", "reason", "checkpoints")
+    __slots__ = ("id", "name", "argv", "env", "cwd", "state", "node", "restarts", "last_checkpoint", "has_exit_code", "exit_code", "error", "created", "updated", "checkpoint_every_s", "priority", "incarnation", "reason", "checkpoints", "cpus", "memory_bytes", "gpus", "deadline", "max_downtime_s")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +229,11 @@ class Job(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     argv: _containers.RepeatedScalarFieldContainer[str]
@@ -182,7 +253,12 @@ class Job(_message.Message):
     incarnation: int
     reason: str
     checkpoints: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., state: _Optional[str] = ..., node: _Optional[str] = ..., restarts: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., error: _Optional[str] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., checkpoints: _Optional[int] = ...) -> None: ...
+    cpus: float
+    memory_bytes: int
+    gpus: int
+    deadline: float
+    max_downtime_s: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., state: _Optional[str] = ..., node: _Optional[str] = ..., restarts: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., error: _Optional[str] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., checkpoints: _Optional[int] = ..., cpus: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., deadline: _Optional[float] = ..., max_downtime_s: _Optional[float] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "job", "job_name", "parent", "node", "state", "created", "criu_version", "kernel", "bytes_logical", "bytes_stored", "bytes_uploaded", "freeze_ms", "dump_ms", "upload_ms", "total_ms", "manifest_key", "error", "log_excerpt", "final")
@@ -229,7 +305,7 @@ class Checkpoint(_message.Message):
     def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., job_name: _Optional[str] = ..., parent: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., created: _Optional[float] = ..., criu_version: _Optional[str] = ..., kernel: _Optional[str] = ..., bytes_logical: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., freeze_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., upload_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., manifest_key: _Optional[str] = ..., error: _Optional[str] = ..., log_excerpt: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address")
+    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address", "price_per_hour", "spot", "gpus", "preemptions", "notice_deadline")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +325,11 @@ class Node(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    SPOT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     criu_ok: bool
@@ -261,7 +342,12 @@ class Node(_message.Message):
     labels: _containers.ScalarMap[str, str]
     jobs: _containers.RepeatedScalarFieldContainer[str]
     address: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
+    price_per_hour: float
+    spot: bool
+    gpus: int
+    preemptions: int
+    notice_deadline: float
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., spot: _Optional[bool] = ..., gpus: _Optional[int] = ..., preemptions: _Optional[int] = ..., notice_deadline: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("id", "kind", "job", "node", "time", "message", "data_json")

@@ -94,6 +94,21 @@ class FerryAdminStub:
                 request_serializer=ferry_dot_v1_dot_ferry__pb2.ReadLogsRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_ferry__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/DrainNode',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.Node.FromString,
+                _registered_method=True)
+        self.ListPrices = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/ListPrices',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.ListPricesRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.ListPricesResponse.FromString,
+                _registered_method=True)
+        self.Chaos = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/Chaos',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.ChaosRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.ChaosResponse.FromString,
+                _registered_method=True)
 
 
 class FerryAdminServicer:
@@ -172,6 +187,26 @@ class FerryAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Jobs leave the node (moved, or parked when nothing else fits); no new job is placed there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPrices(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Chaos(self, request, context):
+        """All-in-one mode only: crash a simulated node, or announce its spot interruption.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FerryAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +269,21 @@ def add_FerryAdminServicer_to_server(servicer, server):
                     servicer.ReadLogs,
                     request_deserializer=ferry_dot_v1_dot_ferry__pb2.ReadLogsRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_ferry__pb2.LogChunk.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.DrainNodeRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.Node.SerializeToString,
+            ),
+            'ListPrices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrices,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.ListPricesRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.ListPricesResponse.SerializeToString,
+            ),
+            'Chaos': grpc.unary_unary_rpc_method_handler(
+                    servicer.Chaos,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.ChaosRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.ChaosResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -560,6 +610,87 @@ class FerryAdmin:
             '/ferry.v1.FerryAdmin/ReadLogs',
             ferry_dot_v1_dot_ferry__pb2.ReadLogsRequest.SerializeToString,
             ferry_dot_v1_dot_ferry__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/DrainNode',
+            ferry_dot_v1_dot_ferry__pb2.DrainNodeRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/ListPrices',
+            ferry_dot_v1_dot_ferry__pb2.ListPricesRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.ListPricesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Chaos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/Chaos',
+            ferry_dot_v1_dot_ferry__pb2.ChaosRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.ChaosResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,7 +11,7 @@ from ferry.cli.client import ApiError, Client
 from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
 from ferry.cli.progress import OpProgress
 from ferry.common.errors import UsageError
-from ferry.common.units import parse_duration
+from ferry.common.units import parse_duration, parse_size
 from ferry.v1 import ferry_pb2 as pb
 
 
@@ -50,6 +50,11 @@ def validate_run(args: argparse.Namespace) -> None:
     args.command = argv
     args.checkpoint_every_s = parse_duration(args.checkpoint_every) if args.checkpoint_every is not None else 0.0
     args.env_map = parse_env(args.env or [])
+    args.memory_bytes = parse_size(args.memory) if args.memory is not None else 0
+    args.deadline_s = parse_duration(args.deadline) if args.deadline is not None else 0.0
+    args.max_downtime_s = parse_duration(args.max_downtime) if args.max_downtime is not None else 0.0
+    if args.cpus < 0 or args.gpus < 0:
+        raise UsageError("--cpus and --gpus must not be negative")
     args.cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
     if not os.path.isdir(args.cwd):
         raise UsageError(f"--cwd {args.cwd}: no such directory")
@@ -58,7 +63,9 @@ def validate_run(args: argparse.Namespace) -> None:
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
     argv, every, cwd = args.command, args.checkpoint_every_s, args.cwd
     request = pb.SubmitJobRequest(name=args.name or "", argv=argv, env=args.env_map, cwd=cwd,
-                                  node=args.node or "", checkpoint_every_s=every, priority=args.priority)
+                                  node=args.node or "", checkpoint_every_s=every, priority=args.priority,
+                                  cpus=args.cpus, memory_bytes=args.memory_bytes, gpus=args.gpus,
+                                  deadline_s=args.deadline_s, max_downtime_s=args.max_downtime_s)
     job = client.call(client.stub.SubmitJob, request)
     if _json(args):
         print_json(job_dict(job))
@@ -217,4 +224,65 @@ def cmd_events(client: Client, args: argparse.Namespace) -> int:
                 print(f"{stamp} {ev.kind:18} {ev.job or '-':20} {ev.node or '-':8} {ev.message}", flush=True)
     except KeyboardInterrupt:
         return 0
+    return 0
+
+
+def cmd_drain(client: Client, args: argparse.Namespace) -> int:
+    timeout = parse_duration(args.timeout)
+    node = client.call(client.stub.DrainNode, pb.DrainNodeRequest(node=args.node))
+    deadline = time.monotonic() + timeout
+    left: list[Any] = []
+    while not args.no_wait:
+        jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest()).jobs
+        left = [j for j in jobs if j.node == args.node and j.state != "preempted"]
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            raise ApiError(f"{args.node} still has {len(left)} job(s) after {timeout:.0f}s: "
+                           + ", ".join(f"{j.name} ({j.state})" for j in left))
+        time.sleep(0.5)
+    jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest()).jobs
+    if _json(args):
+        d = to_dict(node)
+        d["jobs_left"] = [j.name for j in left]
+        d["jobs"] = [{"name": j.name, "state": j.state, "node": j.node or None} for j in jobs]
+        print_json(d)
+    else:
+        print(f"{args.node} is draining" + ("" if args.no_wait else "; no job runs there any more"))
+    return 0
+
+
+def cmd_undrain(client: Client, args: argparse.Namespace) -> int:
+    node = client.call(client.stub.DrainNode, pb.DrainNodeRequest(node=args.node, undo=True))
+    if _json(args):
+        print_json(to_dict(node))
+    else:
+        print(f"{node.id} is {node.state}")
+    return 0
+
+
+def cmd_prices(client: Client, args: argparse.Namespace) -> int:
+    prices = client.call(client.stub.ListPrices, pb.ListPricesRequest()).prices
+    nodes = client.call(client.stub.ListNodes, pb.ListNodesRequest()).nodes
+    if _json(args):
+        print_json({"prices": [to_dict(p) for p in prices],
+                    "nodes": [{"id": n.id, "price_per_hour": n.price_per_hour, "spot": n.spot,
+                               "zone": n.labels.get("zone", ""), "instance_type": n.labels.get("instance_type", "")}
+                              for n in nodes]})
+        return 0
+    table([[p.zone, p.instance_type, p.market, f"{p.price_per_hour:.4f}", p.source] for p in prices],
+          ["ZONE", "INSTANCE TYPE", "MARKET", "USD/H", "SOURCE"])
+    print()
+    table([[n.id, n.labels.get("zone", "-"), n.labels.get("instance_type", "-"), "spot" if n.spot else "on-demand",
+            f"{n.price_per_hour:.4f}"] for n in nodes], ["NODE", "ZONE", "INSTANCE TYPE", "MARKET", "USD/H"])
+    return 0
+
+
+def cmd_chaos(client: Client, args: argparse.Namespace) -> int:
+    in_s = parse_duration(args.in_) if args.chaos == "spot-notice" else 0.0
+    reply = client.call(client.stub.Chaos, pb.ChaosRequest(kind=args.chaos, node=args.node, in_s=in_s))
+    if _json(args):
+        print_json(to_dict(reply))
+    else:
+        print(reply.message)
     return 0

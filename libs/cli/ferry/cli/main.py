@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
+from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.common.errors import FerryError
 
 EPILOG = """examples:
@@ -24,9 +25,11 @@ EPILOG = """examples:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-o", "--output", choices=["text", "json"], default="text",
+    # SUPPRESS: a nested subcommand must not reset what an outer level already parsed
+    common.add_argument("-o", "--output", choices=["text", "json"], default=argparse.SUPPRESS,
                         help="output format (json: one JSON document)")
-    common.add_argument("--addr", default=None, help="admin API address (default: FERRY_ADDR or 127.0.0.1:7070)")
+    common.add_argument("--addr", default=argparse.SUPPRESS,
+                        help="admin API address (default: FERRY_ADDR or 127.0.0.1:7070)")
 
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__, epilog=EPILOG, parents=[common],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "s3://bucket/prefix?endpoint=HOST:PORT for S3 or MinIO)")
     p.add_argument("--grpc", default="127.0.0.1:7070", help="HOST:PORT for the admin API")
     p.add_argument("--nats-port", type=int, default=0, help="port for the embedded NATS server (default: free)")
+    p.add_argument("--cluster", metavar="FILE", help="YAML of simulated nodes with labels, capacity and price "
+                                                     "(instead of --nodes)")
 
     add("nodes", "list the nodes, their state and whether CRIU works there")
 
@@ -52,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable for the job (repeat)")
     p.add_argument("--checkpoint-every", metavar="DURATION", help="checkpoint periodically, e.g. 30s or 5m")
     p.add_argument("--priority", type=int, default=0, help="higher runs first and is preempted last")
+    p.add_argument("--cpus", type=float, default=0.0, help="cpus the job needs (placement respects capacity)")
+    p.add_argument("--memory", default=None, metavar="SIZE", help="memory the job needs, e.g. 2GiB")
+    p.add_argument("--gpus", type=int, default=0, help="gpus the job needs")
+    p.add_argument("--deadline", metavar="DURATION", help="SLA: finish within this long from now, e.g. 6h")
+    p.add_argument("--max-downtime", metavar="DURATION", help="SLA: the longest stop the job tolerates, e.g. 30s")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
 
     p = add("checkpoint", "checkpoint a running job into the store")
@@ -90,6 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL (default 5s)")
 
+    p = add("drain", "move every job off a node (checkpoint and restore elsewhere; parked if nothing fits)")
+    p.add_argument("node")
+    p.add_argument("--no-wait", action="store_true", help="return once draining started")
+    p.add_argument("--timeout", metavar="DURATION", default="10m", help="how long to wait for the node to empty")
+
+    p = add("undrain", "let a drained node take work again (parked jobs may come back to it)")
+    p.add_argument("node")
+
+    add("prices", "list the prices the pricing service knows")
+
+    p = add("chaos", "all-in-one mode only: crash a simulated node or announce its spot interruption")
+    chaos = p.add_subparsers(dest="chaos", metavar="ACTION", required=True)
+    c = chaos.add_parser("kill-node", help="SIGKILL a node's services and workloads, like a crash", parents=[common])
+    c.add_argument("node")
+    c = chaos.add_parser("spot-notice", help="the node's metadata endpoint announces an interruption; the node "
+                         "dies at the deadline", parents=[common])
+    c.add_argument("node")
+    c.add_argument("--in", dest="in_", metavar="DURATION", default="120s", help="time until the node dies")
+
+    add_simulate_parser(sub, common)
+
     p = add("events", "follow the event stream (one line per event; JSON lines with -o json)")
     p.add_argument("-f", "--follow", action="store_true", help="accepted for habit: events always follow")
     p.add_argument("--job", help="only this job's events")
@@ -109,16 +140,29 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "wait": commands.cmd_wait,
     "kill": commands.cmd_kill,
     "events": commands.cmd_events,
+    "drain": commands.cmd_drain,
+    "undrain": commands.cmd_undrain,
+    "prices": commands.cmd_prices,
+    "chaos": commands.cmd_chaos,
 }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
+    args.output = getattr(args, "output", "text")  # not set_defaults: the actions are shared with subparsers
+    args.addr = getattr(args, "addr", None)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     try:
         if args.cmd == "up":
             from ferry.cli.up import cmd_up
 
             code = cmd_up(args)
+        elif args.cmd == "simulate":
+            code = cmd_simulate(args)
         else:
             if args.cmd == "run":
                 commands.validate_run(args)

@@ -22,6 +22,7 @@ from types import FrameType
 
 import grpc
 
+from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
 from ferry.criu.jobdir import JobDir
 from ferry.node.procs import signal_tree
@@ -86,7 +87,11 @@ class AllInOne:
             raise UsageError(f"bad --grpc {args.grpc!r}: use HOST:PORT, e.g. 127.0.0.1:7070")
         self.addr = args.grpc
         self.data_dir = Path(args.data_dir).resolve()
-        self.nodes = [f"node-{i}" for i in range(1, args.nodes + 1)]
+        specs = (load_cluster(args.cluster).nodes if args.cluster
+                 else [NodeSpec(id=f"node-{i}", cpus=os.cpu_count() or 1) for i in range(1, args.nodes + 1)])
+        self.nodes = [s.id for s in specs]
+        self.metadata_ports = {s.id: free_port() for s in specs}
+        self.dead: set[str] = set()
         self.nats_port = args.nats_port or free_port()
         self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
         self.stopping = False
@@ -100,13 +105,24 @@ class AllInOne:
                                    "-p", str(self.nats_port)], logs / "nats.log", env)
         py = [sys.executable, "-m"]
         self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", env) for name in CONTROL_PLANE]
-        for node in self.nodes:
-            for svc in NODE_SERVICES:
-                self.children.append(Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node],
-                                           logs / f"{svc}-{node}.log", env))
+        self.node_children: dict[str, list[Child]] = {}
+        for spec in specs:
+            node, url = spec.id, self.metadata_url(spec.id)
+            node_env = {**env, "FERRY_NODE_SPEC": spec.model_dump_json(),
+                        "FERRY_INTERRUPTION_SOURCES": f"aws={url},gcp={url},azure={url}"}
+            meta = Child(f"metadata@{node}", [*py, "ferry.health.metadata_server", "--port",
+                                              str(self.metadata_ports[node])], logs / f"metadata-{node}.log", env)
+            services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], logs / f"{svc}-{node}.log",
+                              node_env) for svc in NODE_SERVICES]
+            self.node_children[node] = [meta, *services]
+            self.children.extend([meta, *services])
+
+    def metadata_url(self, node: str) -> str:
+        return f"http://127.0.0.1:{self.metadata_ports[node]}"
 
     def write_state(self) -> None:
         state = {"pid": os.getpid(), "nats_url": self.nats_url, "addr": self.addr, "nodes": self.nodes,
+                 "dead": sorted(self.dead), "metadata": {n: self.metadata_url(n) for n in self.nodes},
                  "services": {c.name: c.proc.pid if c.proc else None for c in [self.nats, *self.children]}}
         tmp = self.data_dir / "up.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
@@ -134,8 +150,11 @@ class AllInOne:
             raise FerryError(f"the cluster was not ready after {timeout:.0f}s; see the logs in {logs}")
 
     def supervise(self) -> None:
+        self.run_chaos()
         for child in self.children:
             if child.proc is None or child.proc.poll() is None or self.stopping:
+                continue
+            if child.name.partition("@")[2] in self.dead:
                 continue
             recent = [t for t in child.starts if time.monotonic() - t < 30]
             if len(recent) >= 5 and time.monotonic() - child.starts[-1] < 5:
@@ -144,9 +163,30 @@ class AllInOne:
             child.start()
             self.write_state()
 
-    def kill_workloads(self) -> int:
+    def run_chaos(self) -> None:
+        """Carries out what `ferry chaos` scheduled in <data-dir>/chaos/<node>.json when it is due."""
+        chaos = self.data_dir / "chaos"
+        if not chaos.is_dir():
+            return
+        for f in chaos.glob("*.json"):
+            try:
+                order = json.loads(f.read_text())
+                node, at = str(order["node"]), float(order["kill_at"])
+            except (OSError, ValueError, KeyError):
+                continue
+            if time.time() < at or node in self.dead or node not in self.node_children:
+                continue
+            self.dead.add(node)
+            for child in self.node_children[node]:
+                child.stop(signal.SIGKILL)
+            killed = self.kill_workloads([node])
+            f.unlink(missing_ok=True)
+            print(f"ferry: chaos: {node} killed ({order.get('kind', 'kill-node')}; {killed} workloads)", flush=True)
+            self.write_state()
+
+    def kill_workloads(self, nodes: list[str] | None = None) -> int:
         killed = 0
-        for node in self.nodes:
+        for node in nodes or self.nodes:
             jobs = self.data_dir / "nodes" / node / "jobs"
             if not jobs.is_dir():
                 continue

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from ferry.common import wire
 from ferry.common.errors import FerryError
-from ferry.common.models import CheckpointRecord, Job, Node, Op, ServiceBeat
+from ferry.common.models import CheckpointRecord, Job, Node, Op, PriceRecord, ServiceBeat
 from ferry.common.tracing import inject
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class Bus:
         self.checkpoints: Table[CheckpointRecord]
         self.ops: Table[Op]
         self.services: Table[ServiceBeat]
+        self.prices: Table[PriceRecord]
         self._subs: list[Any] = []
 
     @classmethod
@@ -157,6 +158,7 @@ class Bus:
             self.checkpoints = await self._table(wire.KV_CHECKPOINTS, CheckpointRecord)
             self.ops = await self._table(wire.KV_OPS, Op)
             self.services = await self._table(wire.KV_SERVICES, ServiceBeat)
+            self.prices = await self._table(wire.KV_PRICES, PriceRecord)
         except nats.errors.Error as exc:
             raise BusError(f"cannot set up JetStream streams and buckets: {exc}") from exc
 

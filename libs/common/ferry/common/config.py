@@ -28,12 +28,19 @@ class Settings(BaseSettings):
     node_id: str = ""
     work_dir: Path | None = None  # node services: <data_dir>/nodes/<node_id> when unset
     criu_bin: str = "criu"
+    node_spec: str = ""  # node services: JSON of ferry.common.cluster.NodeSpec (labels, capacity, price)
+    # node services: interruption notice sources, "aws=URL,gcp=URL,azure=URL" (empty: none)
+    interruption_sources: str = ""
+    notice_poll_s: float = Field(default=1.0, gt=0)
+    price_feeds: str = ""  # pricing: comma-separated feed files (spot history JSON, catalog CSV, on-prem YAML)
+    price_poll_s: float = Field(default=10.0, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=5.0, gt=0)
     drain_timeout_s: float = Field(default=20.0, gt=0)
     api_timeout_s: float = Field(default=120.0, gt=0)
+    rebalance_every_s: float = Field(default=30.0, gt=0)  # how often each running job is reviewed
+    rebalance_horizon_s: float = Field(default=3600.0, gt=0)  # remaining time assumed without a deadline
     kill_grace_s: float = Field(default=5.0, ge=0)
-    keep_checkpoints: int = Field(default=0, ge=0)  # 0: keep all
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     otel_endpoint: str = ""
     log_level: str = "INFO"

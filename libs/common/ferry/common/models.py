@@ -59,6 +59,15 @@ class Job(Record):
     next_checkpoint_at: float | None = None
     priority: int = 0
     op: str | None = None  # the op in flight on this job, if any
+    cpus: float = 0.0  # requested; 0: no request
+    memory_bytes: int = 0
+    gpus: int = 0
+    deadline: float | None = None  # absolute time by which the job should have finished
+    max_downtime_s: float | None = None
+    last_move_at: float | None = None
+    move_cost_s: float = 30.0  # measured: last checkpoint plus restore time
+    parked_by: str | None = None  # "user" (checkpoint --stop) or "capacity" (preempt-and-save)
+    moving_to: str | None = None  # during a move: the target, whose capacity the job already holds
     kill_requested: bool = False
     kill_op: str | None = None  # the kill op waiting for the job to end
 
@@ -88,6 +97,11 @@ class Node(Record):
     labels: dict[str, str] = Field(default_factory=dict)
     jobs: list[str] = Field(default_factory=list)
     address: str = ""
+    price_per_hour: float = 0.0
+    spot: bool = False
+    gpus: int = 0
+    preemptions: int = 0  # interruption notices and losses seen on this node
+    notice_deadline: float | None = None
 
 
 class CheckpointRecord(Record):
@@ -120,6 +134,7 @@ class OpKind(StrEnum):
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     MIGRATE = "migrate"
+    DRAIN = "drain"
 
 
 class OpState(StrEnum):
@@ -171,3 +186,15 @@ class ServiceBeat(Record):
     pid: int
     ready: bool = False
     time: float = Field(default_factory=now)
+
+
+class PriceRecord(Record):
+    """A current price, as the pricing service keeps it (KV `ferry_prices`)."""
+
+    zone: str
+    region: str = ""
+    instance_type: str
+    market: str
+    price_per_hour: float
+    timestamp: float = 0.0
+    source: str = ""

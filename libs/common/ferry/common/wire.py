@@ -27,6 +27,7 @@ KV_NODES = "ferry_nodes"
 KV_CHECKPOINTS = "ferry_ckpts"
 KV_OPS = "ferry_ops"
 KV_SERVICES = "ferry_services"
+KV_PRICES = "ferry_prices"
 
 SCHEDULER_CMD = "ferry.cmd.scheduler"
 NODE_EVENTS = "ferry.evt.node.>"
@@ -81,6 +82,11 @@ class JobSpec(Record):
     node: str | None = None
     checkpoint_every_s: float = 0.0
     priority: int = 0
+    cpus: float = 0.0
+    memory_bytes: int = 0
+    gpus: int = 0
+    deadline: float | None = None
+    max_downtime_s: float | None = None
 
 
 class SchedulerCommand(Record):
@@ -113,6 +119,7 @@ class NodeCommand(Record):
 
 
 NodeEventKind = Literal[
+    "notice",
     "started",
     "launch_failed",
     "exited",
@@ -139,6 +146,7 @@ class NodeEvent(Record):
     error: str | None = None
     error_code: int = 1
     restore_ms: float | None = None
+    deadline: float | None = None  # notice: when the node goes away
 
 
 class Progress(Record):

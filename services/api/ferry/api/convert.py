@@ -2,7 +2,7 @@
 
 import json
 
-from ferry.common.models import CheckpointRecord, Event, Job, Node, Op
+from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, PriceRecord
 from ferry.v1 import ferry_pb2 as pb
 
 
@@ -13,6 +13,8 @@ def job_to_pb(job: Job) -> pb.Job:
         has_exit_code=job.exit_code is not None, exit_code=job.exit_code or 0, error=job.error or "",
         created=job.created, updated=job.updated, checkpoint_every_s=job.checkpoint_every_s,
         priority=job.priority, incarnation=job.incarnation, reason=job.reason or "", checkpoints=job.checkpoints,
+        cpus=job.cpus, memory_bytes=job.memory_bytes, gpus=job.gpus, deadline=job.deadline or 0.0,
+        max_downtime_s=job.max_downtime_s or 0.0,
     )
 
 
@@ -31,7 +33,14 @@ def node_to_pb(n: Node) -> pb.Node:
         id=n.id, state=n.state.value, criu_ok=n.criu_ok, criu_version=n.criu_version or "",
         criu_error=n.criu_error or "", lazy_pages=n.lazy_pages, heartbeat=n.heartbeat, cpus=n.cpus,
         memory_bytes=n.memory_bytes, labels=n.labels, jobs=n.jobs, address=n.address,
+        price_per_hour=n.price_per_hour, spot=n.spot, gpus=n.gpus, preemptions=n.preemptions,
+        notice_deadline=n.notice_deadline or 0.0,
     )
+
+
+def price_to_pb(p: PriceRecord) -> pb.Price:
+    return pb.Price(zone=p.zone, region=p.region, instance_type=p.instance_type, market=p.market,
+                    price_per_hour=p.price_per_hour, timestamp=p.timestamp, source=p.source)
 
 
 def event_to_pb(e: Event) -> pb.Event:

@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,7 +15,7 @@ import grpc.aio
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
-from ferry.api import convert
+from ferry.api import chaos, convert
 from ferry.api.auth import TokenInterceptor
 from ferry.common import wire
 from ferry.common.bus import Bus, BusError
@@ -45,9 +46,10 @@ def status_of(exc: FerryError) -> grpc.StatusCode:
 
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
-    def __init__(self, bus: Bus, timeout_s: float) -> None:
+    def __init__(self, bus: Bus, timeout_s: float, data_dir: Path) -> None:
         self.bus = bus
         self.timeout_s = timeout_s
+        self.data_dir = data_dir
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -144,9 +146,14 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                     raise UsageError(f"--cwd {request.cwd!r} must be an absolute path")
                 if request.node:
                     await self.require_node(request.node)
+                if min(request.cpus, request.memory_bytes, request.gpus, request.deadline_s,
+                       request.max_downtime_s) < 0:
+                    raise UsageError("resources, --deadline and --max-downtime must not be negative")
                 spec = wire.JobSpec(name=name, argv=list(request.argv), env=dict(request.env), cwd=request.cwd or "/",
                                     node=request.node or None, checkpoint_every_s=request.checkpoint_every_s,
-                                    priority=request.priority)
+                                    priority=request.priority, cpus=request.cpus, memory_bytes=request.memory_bytes,
+                                    gpus=request.gpus, deadline=time.time() + request.deadline_s if request.deadline_s
+                                    else None, max_downtime_s=request.max_downtime_s or None)
                 cmd = wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
                 update = await self.op_result(cmd)
             except FerryError as exc:
@@ -318,6 +325,35 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             await asyncio.sleep(0.3)
 
 
+    async def DrainNode(self, request: pb.DrainNodeRequest, context: Ctx) -> pb.Node:
+        with self.span("DrainNode", context):
+            try:
+                await self.require_node(request.node)
+                update = await self.op_result(wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN,
+                                                                    node=request.node, stop=request.undo))
+            except FerryError as exc:
+                await self.fail(context, exc)
+                raise AssertionError("unreachable") from exc
+            if update.error:
+                await self.fail_op(context, update)
+            node = await self.bus.nodes.get(request.node)
+            assert node is not None
+            return convert.node_to_pb(node)
+
+    async def ListPrices(self, request: pb.ListPricesRequest, context: Ctx) -> pb.ListPricesResponse:
+        records = sorted(await self.bus.prices.values(), key=lambda p: (p.zone, p.instance_type, p.market))
+        return pb.ListPricesResponse(prices=[convert.price_to_pb(p) for p in records])
+
+    async def Chaos(self, request: pb.ChaosRequest, context: Ctx) -> pb.ChaosResponse:
+        with self.span("Chaos", context):
+            try:
+                await self.require_node(request.node)
+                deadline, message = await chaos.inject(self.data_dir, request.kind, request.node, request.in_s)
+            except FerryError as exc:
+                await self.fail(context, exc)
+                raise AssertionError("unreachable") from exc
+            return pb.ChaosResponse(node=request.node, deadline=deadline, message=message)
+
     async def read_log_chunk(self, node: str, req: wire.LogRequest, patience_s: float = 10.0) -> bytes:
         """One chunk of a job's log from its node; waits out a node service that is restarting."""
         deadline = time.monotonic() + patience_s
@@ -343,7 +379,8 @@ class Api(Service):
         bus = await self.connect()
         interceptors = [TokenInterceptor(self.settings.token)] if self.settings.token else []
         self.server = grpc.aio.server(interceptors=interceptors)
-        pb_grpc.add_FerryAdminServicer_to_server(AdminServicer(bus, self.settings.api_timeout_s), self.server)
+        servicer = AdminServicer(bus, self.settings.api_timeout_s, self.settings.data_dir)
+        pb_grpc.add_FerryAdminServicer_to_server(servicer, self.server)
         if self.server.add_insecure_port(self.settings.addr) == 0:
             raise UsageError(f"cannot listen on {self.settings.addr}: is another Ferry API running there?")
         await self.server.start()

@@ -18,9 +18,10 @@ from pathlib import Path
 from nats.aio.msg import Msg
 
 from ferry.common import wire
-from ferry.common.bus import keep_alive
-from ferry.common.errors import FerryError
-from ferry.common.models import CheckpointRecord, Node, NodeState
+from ferry.common.bus import CasConflict, keep_alive
+from ferry.common.cluster import NodeSpec
+from ferry.common.errors import ConfigError, FerryError
+from ferry.common.models import TERMINAL_STATES, CheckpointRecord, Node, NodeState
 from ferry.common.service import service_main
 from ferry.common.tracing import extract, tracer
 from ferry.criu.errors import CriuError, LaunchFailed
@@ -28,6 +29,7 @@ from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch
 from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.health.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.base import NodeService, kernel_release, read_meminfo_bytes, workload_env
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
@@ -52,6 +54,12 @@ class Checkpointer(NodeService):
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
         self.known_chunks: dict[str, set[str]] = {}
         self.job_locks: dict[str, asyncio.Lock] = {}
+        try:
+            self.spec = (NodeSpec.model_validate_json(self.settings.node_spec) if self.settings.node_spec
+                         else NodeSpec(id=self.node_id, cpus=os.cpu_count() or 1, memory=read_meminfo_bytes() or 1))
+        except ValueError as exc:
+            raise ConfigError(f"FERRY_NODE_SPEC is not a valid node description: {exc}") from exc
+        self.notice_deadline: float | None = None
         await self.beat()
 
     async def run(self) -> None:
@@ -63,6 +71,7 @@ class Checkpointer(NodeService):
                              handler=self.on_command, concurrency=4, ack_wait=60, stop=self.stopping),
             self.heartbeat_loop(),
             self.exit_watch_loop(),
+            self.notice_loop(),
         )
 
     # ---- node record -----------------------------------------------------------------------
@@ -77,26 +86,80 @@ class Checkpointer(NodeService):
         return out
 
     async def beat(self) -> None:
+        """Writes this node's record (compare-and-set: the scheduler and health write its state too)."""
         assert self.bus is not None
-        st = self.criu_status
+        st, spec = self.criu_status, self.spec
         node = Node(id=self.node_id, state=NodeState.READY, criu_ok=st.ok, criu_version=st.version,
-                    criu_error=st.error, lazy_pages=st.lazy_pages, cpus=os.cpu_count() or 1,
-                    memory_bytes=read_meminfo_bytes(), jobs=self.running_jobs(), address=str(self.work_dir))
-        old = await self.bus.nodes.get(self.node_id)
-        if old is not None:
-            node.started, node.labels = old.started, old.labels
-            if old.state in (NodeState.DRAINING, NodeState.PREEMPTING):
-                node.state = old.state
-        await self.bus.nodes.put(self.node_id, node)
+                    criu_error=st.error, lazy_pages=st.lazy_pages, cpus=spec.cpus, memory_bytes=spec.memory,
+                    gpus=spec.gpus, labels=spec.labels(), price_per_hour=spec.price_per_hour, spot=spec.spot,
+                    jobs=self.running_jobs(), address=str(self.work_dir), notice_deadline=self.notice_deadline)
+        found = await self.bus.nodes.get_rev(self.node_id)
+        if found is None:
+            with contextlib.suppress(CasConflict):
+                await self.bus.nodes.create(self.node_id, node)
+            return
+        old, rev = found
+        node.started, node.preemptions = old.started, old.preemptions
+        if old.state in (NodeState.DRAINING, NodeState.PREEMPTING):
+            node.state = old.state
+        if self.notice_deadline is not None:
+            node.state = NodeState.PREEMPTING
+        with contextlib.suppress(CasConflict):  # someone else wrote it meanwhile: next beat
+            await self.bus.nodes.update(self.node_id, node, rev)
 
     async def heartbeat_loop(self) -> None:
         while not self.stopping.is_set():
             try:
                 await self.beat()
+                await self.fence()
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_interval_s)
+
+    async def fence(self) -> None:
+        """Kills local copies the scheduler no longer counts on (the job moved on while this node
+        was cut off, say), so that a job never runs twice."""
+        assert self.bus is not None
+        for job_id in self.running_jobs():
+            job = await self.bus.jobs.get(job_id)
+            shim = self.job_dir(job_id).read_shim()
+            if job is None or shim is None:
+                continue
+            # the incarnation is the fencing token: any start elsewhere bumped it
+            if job.state in TERMINAL_STATES or job.incarnation != shim.incarnation:
+                log.warning("killing stale copy of %s (incarnation %s; the job is at %s/%s)", job.name,
+                            shim.incarnation, job.node, job.incarnation)
+                await kill_tree(shim.pid, 0)
+
+    # ---- interruption notices --------------------------------------------------------------
+
+    def notice_sources(self) -> list[NoticeSource]:
+        sources: list[NoticeSource] = []
+        for item in filter(None, (s.strip() for s in self.settings.interruption_sources.split(","))):
+            provider, _, url = item.partition("=")
+            kinds: dict[str, type[AwsImds] | type[GcpMetadata] | type[AzureScheduledEvents]] = {
+                "aws": AwsImds, "gcp": GcpMetadata, "azure": AzureScheduledEvents}
+            if provider not in kinds or not url:
+                raise ConfigError(f"bad interruption source {item!r}: use aws=URL, gcp=URL or azure=URL")
+            sources.append(kinds[provider](url))
+        return sources
+
+    async def notice_loop(self) -> None:
+        sources = self.notice_sources()
+        if not sources:
+            return
+        async for notice in watch(sources, self.settings.notice_poll_s, stop=self.stopping):
+            if notice.kind != "interruption":
+                log.info("rebalance recommendation from %s: %s", notice.provider, notice.detail)
+                continue
+            log.warning("interruption notice from %s: node goes away at %.0f", notice.provider, notice.deadline)
+            self.notice_deadline = notice.deadline
+            await self.report(wire.NodeEvent(kind="notice", node=self.node_id, job="-", incarnation=0,
+                                             deadline=notice.deadline, error=notice.detail,
+                                             id=f"notice-{self.node_id}-{int(notice.deadline)}"))
+            with contextlib.suppress(Exception):
+                await self.beat()
 
     # ---- exits -----------------------------------------------------------------------------
 

@@ -15,13 +15,16 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 
 from ferry.common import wire
+from ferry.common.bus import CasConflict
 from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
 from ferry.common.models import (
     BUSY_STATES,
+    TERMINAL_STATES,
     Event,
     Job,
     JobState,
     Node,
+    NodeState,
     Op,
     OpKind,
     OpState,
@@ -30,8 +33,9 @@ from ferry.common.models import (
 )
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
-from ferry.scheduler.placement import choose_node, usable
+from ferry.scheduler import policy
 from ferry.scheduler.state import ClusterState
+from ferry.scheduler.views import job_view, node_views
 
 log = logging.getLogger(__name__)
 _tracer = tracer("scheduler")
@@ -51,6 +55,27 @@ class Scheduler(Service):
         bus = await self.connect()
         self.state = ClusterState(bus)
         self.lock = asyncio.Lock()
+        self.last_review: dict[str, float] = {}
+        async with self.lock:
+            await self.resume_in_flight()
+
+    async def resume_in_flight(self) -> None:
+        """Sends again the node command of every op a previous scheduler left in flight: node
+        commands are idempotent and deduplicated, so whatever had already arrived is not repeated."""
+        for job in await self.state.jobs():
+            op = await self.state.op(job.op) if job.op else None
+            if op is None or op.finished or not job.node:
+                continue
+            log.info("resuming %s of %s (phase %s)", op.kind, job.name, op.phase or "-")
+            if op.phase == "restore":
+                await self._send_restore(job, op)
+            elif op.phase == "checkpoint":
+                await self.send_node(job, "checkpointer", wire.NodeCommand(
+                    kind="checkpoint", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.checkpoint,
+                    parent=job.last_checkpoint, stop=bool(op.args.get("stop"))))
+            elif op.kind == OpKind.SUBMIT and job.state == JobState.PENDING:
+                await self.send_node(job, "checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job,
+                                                                             incarnation=job.incarnation))
 
     async def run(self) -> None:
         assert self.bus is not None
@@ -85,6 +110,9 @@ class Scheduler(Service):
         if cmd.kind == OpKind.SUBMIT:
             await self.submit(cmd, op)
             return
+        if cmd.kind == OpKind.DRAIN:
+            await self.drain_node(cmd, op)
+            return
         job = await self.state.job(cmd.job)
         resumed = job.op == op.id  # a redelivery of an op this scheduler already started
         if cmd.kind == OpKind.KILL:
@@ -111,7 +139,8 @@ class Scheduler(Service):
                 await self.state.node(spec.node)
             job = Job(id=job_id, name=spec.name, argv=spec.argv, env=spec.env, cwd=spec.cwd,
                       requested_node=spec.node, checkpoint_every_s=spec.checkpoint_every_s,
-                      priority=spec.priority, op=op.id)
+                      priority=spec.priority, op=op.id, cpus=spec.cpus, memory_bytes=spec.memory_bytes,
+                      gpus=spec.gpus, deadline=spec.deadline, max_downtime_s=spec.max_downtime_s)
             await self.state.save_job(job, "submitted")
         op.job = job.id
         op.state = OpState.RUNNING
@@ -121,25 +150,36 @@ class Scheduler(Service):
 
     async def place(self, job: Job) -> bool:
         """Sends a pending job to a node; False (with the reason on the job) when none fits."""
-        nodes = await self.state.nodes()
-        node: Node | None
-        if job.requested_node:
-            node = next((n for n in nodes if n.id == job.requested_node), None)
-            why = usable(node, now(), self.settings.heartbeat_timeout_s) if node else "it has not joined"
-            if why:
-                return await self._wait_pending(job, f"waiting for node {job.requested_node}: {why}")
-        else:
-            node, why = choose_node(nodes, await self.state.jobs(), now(), self.settings.heartbeat_timeout_s)
-            if node is None:
-                return await self._wait_pending(job, f"no node can take it: {why}")
-        assert node is not None
+        target, why = await self.pick_node(job, job.requested_node)
+        if target is None:
+            return await self._wait_pending(job, why)
         job.incarnation += 1
-        job.node = node.id
+        job.node = target
         job.reason = None
         await self.state.save_job(job)
         await self.send_node(job, "checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job,
                                                                      incarnation=job.incarnation))
         return True
+
+    async def pick_node(self, job: Job, wanted: str | None, exclude: str | None = None) -> tuple[str | None, str]:
+        """The node `job` should go to now (the policy's pick, or `wanted` if it can take it),
+        or None with the reason why none can."""
+        t = now()
+        others = [j for j in await self.state.jobs() if j.id != job.id]
+        views = node_views(await self.state.nodes(), others, t, self.settings.heartbeat_timeout_s)
+        jv = job_view(job, t)
+        if wanted:
+            view = next((v for v in views if v.id == wanted), None)
+            if view is None:
+                return None, f"node {wanted} has not joined the cluster"
+            problem = view.reason if not view.usable else policy.fit_problem(jv, view)
+            return (None, f"{wanted}: {problem}") if problem else (wanted, "")
+        candidates = [v for v in views if v.usable and v.id != exclude]
+        best = policy.choose_node(jv, candidates, t) if candidates else None
+        if best is None:
+            pool = [v for v in views if v.id != exclude]
+            return None, policy.unplaced_reason(jv, pool) if pool else "no other node has joined the cluster"
+        return best.id, ""
 
     async def _wait_pending(self, job: Job, reason: str) -> bool:
         if job.reason != reason:
@@ -176,8 +216,10 @@ class Scheduler(Service):
         ckpt = op.checkpoint or derived_id("ck", op.id)
         job.state = JobState.MIGRATING if op.kind == OpKind.MIGRATE else JobState.CHECKPOINTING
         job.op = op.id
+        job.moving_to = str(op.args["target"]) if op.kind == OpKind.MIGRATE and op.args.get("target") else None
         await self.state.save_job(job)
         op.state, op.phase, op.checkpoint, op.job = OpState.RUNNING, "checkpoint", ckpt, job.id
+        op.args["stop"] = stop
         await self.state.save_op(op)
         await self.send_node(job, "checkpointer", wire.NodeCommand(
             kind="checkpoint", op=op.id, job=job, incarnation=job.incarnation, checkpoint=ckpt,
@@ -234,18 +276,13 @@ class Scheduler(Service):
         op.args.update({"target": target, "source": job.node})
         await self.checkpoint(job, op, stop=True, resumed=True)
 
-    async def _target(self, job: Job, node_id: str | None) -> str:
+    async def _target(self, job: Job, node_id: str | None, exclude: str | None = None) -> str:
         if node_id:
-            named = await self.state.node(node_id)
-            why = usable(named, now(), self.settings.heartbeat_timeout_s)
-            if why:
-                raise ConflictError(f"cannot use {why}")
-            return named.id
-        node, why = choose_node(await self.state.nodes(), await self.state.jobs(), now(),
-                                self.settings.heartbeat_timeout_s)
-        if node is None:
-            raise ConflictError(f"no node can take job {job.name}: {why}")
-        return node.id
+            await self.state.node(node_id)  # NotFoundError for an unknown node
+        target, why = await self.pick_node(job, node_id, exclude=exclude)
+        if target is None:
+            raise ConflictError(f"cannot place job {job.name}: {why}")
+        return target
 
     @staticmethod
     def _require_idle(job: Job, what: str) -> None:
@@ -264,6 +301,9 @@ class Scheduler(Service):
         ev = wire.decode(wire.NodeEvent, msg.data)
         with _tracer.start_as_current_span(f"scheduler.on_{ev.kind}", context=extract(msg.headers)):
             async with self.lock:
+                if ev.kind == "notice":
+                    await self.on_notice(ev)
+                    return
                 job = await self.state.bus.jobs.get(ev.job)
                 if job is None:
                     log.warning("event %s for unknown job %s", ev.kind, ev.job)
@@ -342,6 +382,7 @@ class Scheduler(Service):
             assert op is not None
             if op.kind == OpKind.MIGRATE:
                 op.phase = "restore"
+                op.args["checkpoint_ms"] = record.total_ms
                 await self.state.save_op(op)
                 job.incarnation += 1
                 job.node = str(op.args["target"])
@@ -349,7 +390,9 @@ class Scheduler(Service):
                 await self._send_restore(job, op)
                 return
             job.state = JobState.PREEMPTED if record.final else JobState.RUNNING
-            job.reason = "stopped by `ferry checkpoint --stop`" if record.final else None
+            job.parked_by = str(op.args.get("parked_by", "user")) if record.final else None
+            job.reason = (str(op.args.get("reason", "stopped by `ferry checkpoint --stop`"))
+                          if record.final else None)
             job.op = None
             self._schedule_next_checkpoint(job)
             await self.state.save_job(job, "preempted" if record.final else None)
@@ -361,7 +404,7 @@ class Scheduler(Service):
                 return
             if job.state in (JobState.CHECKPOINTING, JobState.MIGRATING):
                 job.state = JobState.RUNNING
-            job.op = None
+            job.op, job.moving_to = None, None
             self._schedule_next_checkpoint(job)
             await self.state.save_job(job, "checkpoint_failed", record.error or "")
             await self.state.finish_op(ev.op, error=record.error or "checkpoint failed", checkpoint=record.id)
@@ -369,8 +412,13 @@ class Scheduler(Service):
     async def on_restored(self, job: Job, ev: wire.NodeEvent) -> None:
         if job.state not in (JobState.RESTORING, JobState.MIGRATING):
             return
-        job.state, job.node, job.error, job.reason = JobState.RUNNING, ev.node, None, None
+        job.state, job.node, job.error, job.reason, job.parked_by = JobState.RUNNING, ev.node, None, None, None
+        job.moving_to = None
         job.restarts += 1
+        job.last_move_at = now()
+        op = await self.state.op(job.op) if job.op else None
+        if op is not None and ev.restore_ms is not None:
+            job.move_cost_s = (float(op.args.get("checkpoint_ms", 0.0)) + ev.restore_ms) / 1000 or job.move_cost_s
         self._schedule_next_checkpoint(job)
         op_id, job.op = job.op, None
         await self.state.save_job(job, "restored", f"on {ev.node} (pid {ev.pid})")
@@ -388,7 +436,7 @@ class Scheduler(Service):
             await self.state.save_job(job, "migrate_rollback", f"restore on {ev.node} failed: {ev.error}")
             await self._send_restore(job, op)
             return
-        job.state, job.error = JobState.PREEMPTED, ev.error
+        job.state, job.error, job.moving_to = JobState.PREEMPTED, ev.error, None
         job.reason = "the last restore failed; `ferry restore` can try another checkpoint or node"
         op_id, job.op = job.op, None
         await self.state.save_job(job, "restore_failed", ev.error or "")
@@ -417,18 +465,195 @@ class Scheduler(Service):
                 log.exception("tick failed")
 
     async def tick(self) -> None:
+        """Everything driven by state and time rather than by one message, so that a restarted
+        scheduler simply carries on: failover, evacuation, parked jobs coming back, placement of
+        pending jobs, periodic checkpoints and rebalancing."""
         t = time.time()
-        for job in await self.state.jobs():
-            if job.state == JobState.PENDING and job.op is None and job.node is None:
+        nodes = {n.id: n for n in await self.state.nodes()}
+        for job in sorted(await self.state.jobs(), key=lambda j: (-j.priority, j.created)):
+            if job.state in TERMINAL_STATES:
+                continue
+            node = nodes.get(job.node) if job.node else None
+            if node is not None and node.state == NodeState.LOST and job.state != JobState.PREEMPTED:
+                await self.failover(job, node)
+            elif job.op is not None:
+                continue
+            elif job.state == JobState.PENDING and job.node is None:
                 await self.place(job)
-            elif (job.state == JobState.RUNNING and job.op is None and job.next_checkpoint_at
-                  and t >= job.next_checkpoint_at):
+            elif job.state == JobState.PREEMPTED and job.parked_by == "capacity":
+                await self.resume_parked(job)
+            elif job.state != JobState.RUNNING or node is None:
+                continue
+            elif node.state in (NodeState.DRAINING, NodeState.PREEMPTING):
+                await self.evacuate(job, node)
+            elif job.next_checkpoint_at and t >= job.next_checkpoint_at:
                 op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args={"periodic": True})
                 await self.state.save_op(op)
-                try:
-                    await self.checkpoint(job, op, stop=False)
-                except NotFoundError:
-                    pass
+                await self.checkpoint(job, op, stop=False)
+            elif t - self.last_review.get(job.id, 0.0) > self.settings.rebalance_every_s:
+                self.last_review[job.id] = t
+                await self.rebalance(job, node)
+
+    async def failover(self, job: Job, node: Node) -> None:
+        """`node` is gone: bring `job` back elsewhere from its last checkpoint, or from scratch."""
+        if job.op:
+            await self.state.finish_op(job.op, error=f"node {node.id} was lost during the operation")
+        job.op, job.moving_to = None, None
+        job.incarnation += 1  # fences the copy on the lost node, should it come back
+        lost = f"node {node.id} was lost"
+        if not job.last_checkpoint:
+            job.state, job.node, job.restarts = JobState.PENDING, None, job.restarts + 1
+            job.reason = f"{lost}; no checkpoint: starting again from scratch"
+            await self.state.save_job(job, "failover", job.reason)
+            await self.place(job)
+            return
+        target, why = await self.pick_node(job, None, exclude=node.id)
+        if target is None:
+            job.state, job.parked_by = JobState.PREEMPTED, "capacity"
+            job.reason = f"{lost}; waiting for capacity to restore {job.last_checkpoint}: {why}"
+            await self.state.save_job(job, "failover", job.reason)
+            return
+        op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
+                checkpoint=job.last_checkpoint, args={"failover": node.id, "target": target})
+        await self.state.save_op(op)
+        job.state, job.op, job.node = JobState.RESTORING, op.id, target
+        await self.state.save_job(job, "failover", f"{lost}; restoring {job.last_checkpoint} on {target}")
+        await self._send_restore(job, op)
+
+    async def evacuate(self, job: Job, node: Node) -> None:
+        """Moves `job` off a draining or preempted node (final checkpoint, restore elsewhere). When
+        nothing can take it, lower-priority jobs elsewhere are parked to make room (preempt-and-save);
+        when that does not help either, `job` itself is parked with its final checkpoint."""
+        target, why = await self.pick_node(job, None, exclude=node.id)
+        if target is None and await self.make_room(job, exclude=node.id):
+            return  # the victims are being parked; the next tick moves `job`
+        if target is None:
+            op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id,
+                    args={"parked_by": "capacity", "reason": f"parked: {node.id} is {node.state} and {why}"})
+        else:
+            op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
+                    args={"target": target, "source": node.id, "evacuate": node.state.value})
+        await self.state.save_op(op)
+        await self.state.emit(Event(kind="evacuating", job=job.id, node=node.id,
+                                    message=f"{node.id} is {node.state}: " + (f"moving to {target}" if target
+                                                                              else "parking (no capacity)")))
+        await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def make_room(self, job: Job, exclude: str) -> bool:
+        """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
+        lower-priority jobs on any node would make room. Jobs already being parked count as gone."""
+        t = now()
+        jobs = await self.state.jobs()
+        views = node_views(await self.state.nodes(), [j for j in jobs if j.id != job.id], t,
+                           self.settings.heartbeat_timeout_s)
+        jv = job_view(job, t)
+        for view in sorted((v for v in views if v.usable and v.id != exclude), key=lambda v: v.id):
+            victims = sorted((j for j in jobs if j.node == view.id and j.priority < job.priority
+                              and j.state in (JobState.RUNNING, JobState.CHECKPOINTING)),
+                             key=lambda j: (j.priority, -j.created))
+            free_c, free_m, free_g = view.free_cpus, view.free_memory_bytes, view.free_gpus
+            chosen: list[Job] = []
+            for victim in victims:
+                if free_c >= jv.cpus and free_m >= jv.memory_bytes and free_g >= jv.gpus:
+                    break
+                chosen.append(victim)
+                free_c, free_m, free_g = free_c + victim.cpus, free_m + victim.memory_bytes, free_g + victim.gpus
+            if not chosen or free_c < jv.cpus or free_m < jv.memory_bytes or free_g < jv.gpus:
+                continue
+            for victim in chosen:
+                if victim.op is not None:
+                    continue
+                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
+                        args={"parked_by": "capacity",
+                              "reason": f"parked to make room for {job.name} (priority {job.priority})"})
+                await self.state.save_op(op)
+                await self.state.emit(Event(kind="preempting", job=victim.id, node=view.id,
+                                            message=f"parking it for {job.name} (priority {job.priority})"))
+                await self.checkpoint(victim, op, stop=True)
+            return True
+        return False
+
+    async def resume_parked(self, job: Job) -> None:
+        target, why = await self.pick_node(job, None)
+        if target is None:
+            first = (job.reason or "parked").split("; waiting for capacity:")[0]
+            reason = f"{first}; waiting for capacity: {why}"
+            if job.reason != reason:
+                job.reason = reason
+                await self.state.save_job(job)
+            return
+        op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
+                checkpoint=job.last_checkpoint, args={"resume": True, "target": target})
+        await self.state.save_op(op)
+        job.state, job.op, job.node = JobState.RESTORING, op.id, target
+        job.incarnation += 1
+        await self.state.save_job(job, "resuming", f"capacity is back: restoring {job.last_checkpoint} on {target}")
+        await self._send_restore(job, op)
+
+    async def rebalance(self, job: Job, node: Node) -> None:
+        """Moves `job` when a better node saves more over its remaining time than a move costs."""
+        if job.requested_node or not job.last_checkpoint:
+            return
+        t = now()
+        views = node_views(await self.state.nodes(), [j for j in await self.state.jobs() if j.id != job.id], t,
+                           self.settings.heartbeat_timeout_s)
+        current = next((v for v in views if v.id == node.id), None)
+        jv = job_view(job, t)
+        best, _ = policy.best_node(jv, [v for v in views if v.usable and v.id != node.id], t)
+        if current is None or best is None:
+            return
+        remaining = (job.deadline - t) if job.deadline else self.settings.rebalance_horizon_s
+        decision = policy.should_move(jv, current, best, t, max(remaining, 0.0), job.last_move_at)
+        if not decision.move:
+            return
+        op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
+                args={"target": best.id, "source": node.id, "rebalance": decision.reason})
+        await self.state.save_op(op)
+        await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
+                                    message=f"to {best.id}: {decision.reason}"))
+        await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def set_node_state(self, node_id: str, state: NodeState, **fields: object) -> Node:
+        """Compare-and-set of a node's state (its own heartbeat writes the record too)."""
+        for _ in range(20):
+            found = await self.state.bus.nodes.get_rev(node_id)
+            if found is None:
+                raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
+            node, rev = found
+            node.state = state
+            for key, value in fields.items():
+                setattr(node, key, value)
+            try:
+                await self.state.bus.nodes.update(node_id, node, rev)
+                return node
+            except CasConflict:
+                await asyncio.sleep(0.05)
+        raise ConflictError(f"node {node_id} keeps changing; try again")
+
+    async def on_notice(self, ev: wire.NodeEvent) -> None:
+        node = await self.state.bus.nodes.get(ev.node)
+        if node is None or (node.notice_deadline == ev.deadline and node.state == NodeState.PREEMPTING):
+            return
+        await self.set_node_state(ev.node, NodeState.PREEMPTING, notice_deadline=ev.deadline,
+                                  preemptions=node.preemptions + 1)
+        left = (ev.deadline or now()) - now()
+        await self.state.emit(Event(kind="spot_notice", node=ev.node,
+                                    message=f"{ev.node} goes away in {left:.0f}s: evacuating its jobs"))
+        await self.tick()  # evacuate now, highest priority first
+
+    async def drain_node(self, cmd: wire.SchedulerCommand, op: Op) -> None:
+        if not cmd.node:
+            raise UsageError("say which node to drain")
+        node = await self.state.node(cmd.node)
+        if cmd.stop:  # undo
+            if node.state == NodeState.DRAINING:
+                await self.set_node_state(cmd.node, NodeState.READY)
+            await self.state.emit(Event(kind="undrained", node=cmd.node, message=f"{cmd.node} takes work again"))
+        else:
+            await self.set_node_state(cmd.node, NodeState.DRAINING)
+            await self.state.emit(Event(kind="draining", node=cmd.node, message=f"{cmd.node}: moving its jobs away"))
+        await self.state.finish_op(op.id)
+        await self.tick()
 
 
 def main() -> None:

@@ -1,0 +1,106 @@
+"""The cluster file of `ferry up --cluster`: simulated nodes with their labels, capacity and price.
+
+    nodes:
+      - id: node-1
+        cloud: aws
+        region: us-east-1
+        zone: us-east-1a
+        instance_type: p3.2xlarge
+        spot: true
+        price_per_hour: 0.92
+        cpus: 8
+        memory: 61GiB
+        gpus: 1
+      - id: node-2
+        ...
+
+Only `id` is required; the rest defaults to a small on-demand node. Errors name the file and the
+field (`cluster.yaml: nodes[1].memory: bad size 'lots'`).
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ferry.common.errors import UsageError
+from ferry.common.units import parse_size
+
+_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class NodeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    cloud: str = "local"
+    region: str = "local"
+    zone: str = "local-a"
+    instance_type: str = "local"
+    spot: bool = False
+    price_per_hour: float = Field(default=0.0, ge=0)
+    cpus: int = Field(default=2, ge=1)
+    memory: int = Field(default=4 * 2**30, ge=1)
+    gpus: int = Field(default=0, ge=0)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not _ID.match(value):
+            raise ValueError("use letters, digits, '-' and '_'")
+        return value
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+    def labels(self) -> dict[str, str]:
+        return {"cloud": self.cloud, "region": self.region, "zone": self.zone, "instance_type": self.instance_type,
+                "market": "spot" if self.spot else "on-demand"}
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[NodeSpec] = Field(min_length=1)
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique(cls, nodes: list[NodeSpec]) -> list[NodeSpec]:
+        seen: set[str] = set()
+        for n in nodes:
+            if n.id in seen:
+                raise ValueError(f"node id {n.id!r} appears twice")
+            seen.add(n.id)
+        return nodes
+
+
+def parse_cluster(text: str, source: str) -> ClusterSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise UsageError(f"{source}: {where}not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: expected a mapping with a `nodes:` list at the top level")
+    try:
+        return ClusterSpec.model_validate(data)
+    except (ValidationError, UsageError) as exc:
+        if isinstance(exc, UsageError):
+            raise UsageError(f"{source}: {exc}") from exc
+        first = exc.errors()[0]
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        raise UsageError(f"{source}: {path or 'nodes'}: {first['msg']}") from exc
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read cluster file {p}: {exc.strerror}") from exc
+    return parse_cluster(text, p.name)
