@@ -27,7 +27,7 @@ nodes:
   - {id: n1, cpus: 2}
   - {id: n2, cpus: 2}
 """
-FAST = {"FERRY_HEARTBEAT_TIMEOUT_S": "3", "FERRY_HEARTBEAT_INTERVAL_S": "0.5"}
+FAST = {"FERRY_HEARTBEAT_TIMEOUT_S": "3", "FERRY_HEARTBEAT_INTERVAL_S": "0.5", "FERRY_REBALANCE_EVERY_S": "1"}
 
 
 def train(steps: int) -> list[str]:
@@ -193,3 +193,25 @@ def test_prices_and_nodes_show_the_cluster_file(spot_cluster: Cluster) -> None:
     job = spot_cluster.json("run", "--name", "cheap", "--", "sleep", "600")
     assert job["node"] == "spot-a"
     spot_cluster.ferry("kill", "cheap")
+
+
+def test_rebalancing_moves_a_job_to_a_cheaper_node_once(spot_cluster: Cluster) -> None:
+    c = spot_cluster
+    c.json("drain", "spot-a")
+    c.json("drain", "spot-b")
+    c.json("run", "--name", "rb", "--", *counter("rb"))
+    assert c.json("status", "rb")["node"] == "od-1"
+    c.wait_lines("rb", 10)
+    c.json("checkpoint", "rb")  # a measured move cost
+    c.json("undrain", "spot-a")
+    moved = wait_until(lambda: (s := c.json("status", "rb"))["node"] == "spot-a" and s["state"] == "running" and s,
+                       60, "the job to move to the cheaper spot-a")
+    assert moved["restarts"] == 1
+    c.json("undrain", "spot-b")
+    time.sleep(4)  # several review rounds: spot-b is hardly cheaper, and a move was just made
+    status = c.json("status", "rb")
+    assert status["node"] == "spot-a" and status["restarts"] == 1
+    n = c.logs("rb").count("\n")
+    c.wait_lines("rb", n + 5)
+    assert continuous(c.logs("rb"), "rb")
+    c.ferry("kill", "rb")

@@ -9,7 +9,6 @@ from typing import Any
 
 from ferry.cli.client import ApiError, Client
 from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
-from ferry.cli.progress import OpProgress
 from ferry.common.errors import UsageError
 from ferry.common.units import parse_duration, parse_size
 from ferry.v1 import ferry_pb2 as pb
@@ -77,6 +76,8 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
 
 
 def _follow_op(client: Client, args: argparse.Namespace, method: Any, request: Any, title: str) -> pb.OpUpdate:
+    from ferry.cli.progress import OpProgress  # rich loads only for commands that show progress
+
     final: pb.OpUpdate | None = None
     with OpProgress(title) as bar:
         for update in client.stream(method, request):

@@ -7,12 +7,14 @@ cost relative to on-demand, whether the deadline was met, moves and lost hours.
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry.cli.output import print_json, table
 from ferry.common.errors import UsageError
 from ferry.common.units import parse_duration
-from ferry.scheduler.simulate import POLICIES, SimulationReport, load_trace, simulate
+
+if TYPE_CHECKING:  # the simulator loads only for `ferry simulate`, keeping every other command quick
+    from ferry.scheduler.simulate import SimulationReport
 
 EPILOG = """examples:
   ferry simulate --trace us-east-1a.json --job-hours 48 --deadline-hours 70
@@ -48,7 +50,9 @@ def _positive(name: str, value: float, *, zero_ok: bool = False) -> float:
     return value
 
 
-def run_simulation(args: argparse.Namespace) -> SimulationReport:
+def run_simulation(args: argparse.Namespace) -> "SimulationReport":
+    from ferry.scheduler.simulate import load_trace, simulate
+
     """Checks the arguments, loads the traces and simulates."""
     job = _positive("--job-hours", args.job_hours)
     deadline = _positive("--deadline-hours", args.deadline_hours)
@@ -75,7 +79,7 @@ def run_simulation(args: argparse.Namespace) -> SimulationReport:
                     start_tick=start_tick)
 
 
-def report_dict(report: SimulationReport) -> dict[str, Any]:
+def report_dict(report: "SimulationReport") -> dict[str, Any]:
     """The JSON document of `ferry simulate -o json`."""
     doc = report.model_dump(mode="json")
     doc["ferry_saving"] = {base: round(report.saving_vs(base), 6) for base in ("uniform_progress", "on_demand")}
@@ -88,7 +92,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print_json(report_dict(report))
         return 0
     rows = []
-    for name in POLICIES:
+    for name in report.policies:
         r = report.policies[name]
         finished = "-" if r.finished_at_hours is None else f"{r.finished_at_hours:.2f}"
         rows.append([name, f"{r.cost:.2f}", f"{r.cost_ratio:.3f}", "met" if r.deadline_met else "MISSED",

@@ -32,7 +32,7 @@ class NodeService(Service):
         self.node_id = self.settings.node_id
         self.work_dir = self.settings.node_work_dir().resolve()
         self.jobs_dir = self.work_dir / "jobs"
-        self.scratch_dir = self.work_dir / "scratch"
+        self.scratch_dir = scratch_dir(self.settings.scratch_dir, self.work_dir, self.node_id)
         for d in (self.jobs_dir, self.scratch_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.store = CheckpointStore(open_backend(self.settings.resolved_store_url()))
@@ -75,6 +75,20 @@ class NodeService(Service):
                 loop.call_soon_threadsafe(lambda: loop.create_task(bus.publish_core(wire.progress_subject(op), msg)))
 
         return report
+
+
+def scratch_dir(configured: str, work_dir: Path, node_id: str) -> Path:
+    """Where CRIU images are written before upload and rebuilt before restore: FERRY_SCRATCH_DIR,
+    else a directory in /dev/shm when that is a tmpfs (images in memory: dump and restore do not
+    wait for a disk), else the node's work directory."""
+    if configured:
+        return Path(configured) / node_id
+    shm = Path("/dev/shm")
+    with contextlib.suppress(OSError):
+        if shm.is_dir() and any(line.split()[1:3] == ["/dev/shm", "tmpfs"]
+                                for line in Path("/proc/mounts").read_text().splitlines()):
+            return shm / "ferry" / node_id
+    return work_dir / "scratch"
 
 
 def workload_env(job_env: dict[str, str]) -> dict[str, str]:
