@@ -41,6 +41,7 @@ class Health(Service):
             silent = now() - node.heartbeat
             if node.state != NodeState.LOST and silent > self.settings.heartbeat_timeout_s:
                 node.state = NodeState.LOST
+                node.preemptions += 1  # a loss counts against the node's reliability, like a notice
                 with contextlib.suppress(Exception):  # the node beat meanwhile: it is alive after all
                     await self.bus.nodes.update(key, node, rev)
                     log.warning("node %s lost: no heartbeat for %.1fs", node.id, silent)
