@@ -81,6 +81,7 @@ def test_kill_node_fails_over_and_the_output_is_identical(spot_cluster: Cluster)
     moved = wait_until(lambda: (s := c.json("status", "fo"))["node"] != "spot-a" and s["state"] == "running" and s,
                        60, "the job to run elsewhere")
     back_after = time.time() - killed_at
+    print(f"failover: running again {back_after:.1f}s after the crash")
     assert moved["restarts"] >= 1
     last = committed(c, "fo")[-1]
     # detection (3 s timeout) + restore, with room for this busy 2-core machine and the CLI's polling
