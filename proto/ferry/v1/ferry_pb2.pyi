@@ -69,7 +69,7 @@ class JobRef(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("name", "argv", "env", "cwd", "node", "checkpoint_every_s", "priority", "cpus", "memory_bytes", "gpus", "deadline_s", "max_downtime_s")
+    __slots__ = ("name", "argv", "env", "cwd", "node", "checkpoint_every_s", "priority", "cpus", "memory_bytes", "gpus", "deadline_s", "max_downtime_s", "gpu_model", "gpu_memory_bytes", "gpu_shared")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,9 @@ class SubmitJobRequest(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARED_FIELD_NUMBER: _ClassVar[int]
     name: str
     argv: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -101,7 +104,10 @@ class SubmitJobRequest(_message.Message):
     gpus: int
     deadline_s: float
     max_downtime_s: float
-    def __init__(self, name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., cpus: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., deadline_s: _Optional[float] = ..., max_downtime_s: _Optional[float] = ...) -> None: ...
+    gpu_model: str
+    gpu_memory_bytes: int
+    gpu_shared: bool
+    def __init__(self, name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., cpus: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., deadline_s: _Optional[float] = ..., max_downtime_s: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_shared: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("all",)
@@ -202,7 +208,7 @@ class LogChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "argv", "env", "cwd", "state", "node", "restarts", "last_checkpoint", "has_exit_code", "exit_code", "error", "created", "updated", "checkpoint_every_s", "priority", "incarnation", "reason", "checkpoints", "cpus", "memory_bytes", "gpus", "deadline", "max_downtime_s")
+    __slots__ = ("id", "name", "argv", "env", "cwd", "state", "node", "restarts", "last_checkpoint", "has_exit_code", "exit_code", "error", "created", "updated", "checkpoint_every_s", "priority", "incarnation", "reason", "checkpoints", "cpus", "memory_bytes", "gpus", "deadline", "max_downtime_s", "gpu_model", "gpu_memory_bytes", "gpu_uuids")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +240,9 @@ class Job(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     MAX_DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     argv: _containers.RepeatedScalarFieldContainer[str]
@@ -258,10 +267,13 @@ class Job(_message.Message):
     gpus: int
     deadline: float
     max_downtime_s: float
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., state: _Optional[str] = ..., node: _Optional[str] = ..., restarts: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., error: _Optional[str] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., checkpoints: _Optional[int] = ..., cpus: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., deadline: _Optional[float] = ..., max_downtime_s: _Optional[float] = ...) -> None: ...
+    gpu_model: str
+    gpu_memory_bytes: int
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., state: _Optional[str] = ..., node: _Optional[str] = ..., restarts: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., error: _Optional[str] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., checkpoint_every_s: _Optional[float] = ..., priority: _Optional[int] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., checkpoints: _Optional[int] = ..., cpus: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., deadline: _Optional[float] = ..., max_downtime_s: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "job", "job_name", "parent", "node", "state", "created", "criu_version", "kernel", "bytes_logical", "bytes_stored", "bytes_uploaded", "freeze_ms", "dump_ms", "upload_ms", "total_ms", "manifest_key", "error", "log_excerpt", "final")
+    __slots__ = ("id", "job", "job_name", "parent", "node", "state", "created", "criu_version", "kernel", "bytes_logical", "bytes_stored", "bytes_uploaded", "freeze_ms", "dump_ms", "upload_ms", "total_ms", "manifest_key", "error", "log_excerpt", "final", "gpu_bytes", "gpu_lock_ms", "gpu_checkpoint_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +294,9 @@ class Checkpoint(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LOG_EXCERPT_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    GPU_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_LOCK_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_CHECKPOINT_MS_FIELD_NUMBER: _ClassVar[int]
     id: str
     job: str
     job_name: str
@@ -302,10 +317,13 @@ class Checkpoint(_message.Message):
     error: str
     log_excerpt: _containers.RepeatedScalarFieldContainer[str]
     final: bool
-    def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., job_name: _Optional[str] = ..., parent: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., created: _Optional[float] = ..., criu_version: _Optional[str] = ..., kernel: _Optional[str] = ..., bytes_logical: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., freeze_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., upload_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., manifest_key: _Optional[str] = ..., error: _Optional[str] = ..., log_excerpt: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ...) -> None: ...
+    gpu_bytes: int
+    gpu_lock_ms: float
+    gpu_checkpoint_ms: float
+    def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., job_name: _Optional[str] = ..., parent: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., created: _Optional[float] = ..., criu_version: _Optional[str] = ..., kernel: _Optional[str] = ..., bytes_logical: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., freeze_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., upload_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., manifest_key: _Optional[str] = ..., error: _Optional[str] = ..., log_excerpt: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ..., gpu_bytes: _Optional[int] = ..., gpu_lock_ms: _Optional[float] = ..., gpu_checkpoint_ms: _Optional[float] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address", "price_per_hour", "spot", "gpus", "preemptions", "notice_deadline")
+    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address", "price_per_hour", "spot", "gpus", "preemptions", "notice_deadline", "gpu_list", "gpu_driver", "gpu_error", "gpu_conditions")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +348,10 @@ class Node(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     NOTICE_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    GPU_LIST_FIELD_NUMBER: _ClassVar[int]
+    GPU_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    GPU_ERROR_FIELD_NUMBER: _ClassVar[int]
+    GPU_CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     criu_ok: bool
@@ -347,7 +369,47 @@ class Node(_message.Message):
     gpus: int
     preemptions: int
     notice_deadline: float
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., spot: _Optional[bool] = ..., gpus: _Optional[int] = ..., preemptions: _Optional[int] = ..., notice_deadline: _Optional[float] = ...) -> None: ...
+    gpu_list: _containers.RepeatedCompositeFieldContainer[Gpu]
+    gpu_driver: str
+    gpu_error: str
+    gpu_conditions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., spot: _Optional[bool] = ..., gpus: _Optional[int] = ..., preemptions: _Optional[int] = ..., notice_deadline: _Optional[float] = ..., gpu_list: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpu_driver: _Optional[str] = ..., gpu_error: _Optional[str] = ..., gpu_conditions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "uuid", "model", "memory_total", "memory_used", "utilization_pct", "temperature_c", "power_w", "ecc_uncorrected", "ecc_corrected", "throttle_reasons", "xid_events", "healthy", "problems", "lost", "pci_bus_id")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    XID_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    memory_total: int
+    memory_used: int
+    utilization_pct: int
+    temperature_c: int
+    power_w: float
+    ecc_uncorrected: int
+    ecc_corrected: int
+    throttle_reasons: _containers.RepeatedScalarFieldContainer[str]
+    xid_events: _containers.RepeatedScalarFieldContainer[int]
+    healthy: bool
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    lost: bool
+    pci_bus_id: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total: _Optional[int] = ..., memory_used: _Optional[int] = ..., utilization_pct: _Optional[int] = ..., temperature_c: _Optional[int] = ..., power_w: _Optional[float] = ..., ecc_uncorrected: _Optional[int] = ..., ecc_corrected: _Optional[int] = ..., throttle_reasons: _Optional[_Iterable[str]] = ..., xid_events: _Optional[_Iterable[int]] = ..., healthy: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("id", "kind", "job", "node", "time", "message", "data_json")

@@ -50,6 +50,7 @@ def validate_run(args: argparse.Namespace) -> None:
     args.checkpoint_every_s = parse_duration(args.checkpoint_every) if args.checkpoint_every is not None else 0.0
     args.env_map = parse_env(args.env or [])
     args.memory_bytes = parse_size(args.memory) if args.memory is not None else 0
+    args.gpu_memory_bytes = parse_size(args.gpu_memory) if args.gpu_memory is not None else 0
     args.deadline_s = parse_duration(args.deadline) if args.deadline is not None else 0.0
     args.max_downtime_s = parse_duration(args.max_downtime) if args.max_downtime is not None else 0.0
     if args.cpus < 0 or args.gpus < 0:
@@ -64,7 +65,9 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
     request = pb.SubmitJobRequest(name=args.name or "", argv=argv, env=args.env_map, cwd=cwd,
                                   node=args.node or "", checkpoint_every_s=every, priority=args.priority,
                                   cpus=args.cpus, memory_bytes=args.memory_bytes, gpus=args.gpus,
-                                  deadline_s=args.deadline_s, max_downtime_s=args.max_downtime_s)
+                                  deadline_s=args.deadline_s, max_downtime_s=args.max_downtime_s,
+                                  gpu_model=args.gpu_model or "", gpu_memory_bytes=args.gpu_memory_bytes,
+                                  gpu_shared=args.gpu_shared)
     job = client.call(client.stub.SubmitJob, request)
     if _json(args):
         print_json(job_dict(job))

@@ -43,7 +43,9 @@ class NodeSpec(BaseModel):
     price_per_hour: float = Field(default=0.0, ge=0)
     cpus: int = Field(default=2, ge=1)
     memory: int = Field(default=4 * 2**30, ge=1)
-    gpus: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0)  # simulated GPUs, for placement (real ones come from NVML)
+    gpu_model: str = "Simulated GPU"
+    gpu_memory: int = Field(default=80 * 2**30, ge=1)
 
     @field_validator("id")
     @classmethod
@@ -52,7 +54,7 @@ class NodeSpec(BaseModel):
             raise ValueError("use letters, digits, '-' and '_'")
         return value
 
-    @field_validator("memory", mode="before")
+    @field_validator("memory", "gpu_memory", mode="before")
     @classmethod
     def _memory(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value

@@ -68,6 +68,10 @@ class Job(Record):
     move_cost_s: float = 30.0  # measured: last checkpoint plus restore time
     parked_by: str | None = None  # "user" (checkpoint --stop) or "capacity" (preempt-and-save)
     moving_to: str | None = None  # during a move: the target, whose capacity the job already holds
+    gpu_model: str | None = None  # e.g. "H100": a substring of the GPU's name
+    gpu_memory_bytes: int = 0  # per GPU
+    gpu_shared: bool = False
+    gpu_uuids: list[str] = Field(default_factory=list)  # assigned on its node (CUDA_VISIBLE_DEVICES)
     kill_requested: bool = False
     kill_op: str | None = None  # the kill op waiting for the job to end
 
@@ -102,6 +106,10 @@ class Node(Record):
     gpus: int = 0
     preemptions: int = 0  # interruption notices and losses seen on this node
     notice_deadline: float | None = None
+    gpu_list: list[dict[str, Any]] = Field(default_factory=list)  # ferry.gpu.models.GpuInfo, as JSON
+    gpu_driver: str | None = None
+    gpu_error: str | None = None  # the NVIDIA driver is there but broken
+    gpu_conditions: list[str] = Field(default_factory=list)  # one line per unhealthy GPU condition
 
 
 class CheckpointRecord(Record):
@@ -126,6 +134,9 @@ class CheckpointRecord(Record):
     log_excerpt: list[str] = Field(default_factory=list)
     final: bool = False
     incarnation: int = 0
+    gpu_bytes: int = 0  # device memory moved into the dump by the CUDA driver's checkpoint API
+    gpu_lock_ms: float = 0.0
+    gpu_checkpoint_ms: float = 0.0
 
 
 class OpKind(StrEnum):

@@ -1,6 +1,7 @@
 """Pure mappings between Ferry's records and the admin API's protobuf messages."""
 
 import json
+from typing import Any
 
 from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, PriceRecord
 from ferry.v1 import ferry_pb2 as pb
@@ -14,7 +15,8 @@ def job_to_pb(job: Job) -> pb.Job:
         created=job.created, updated=job.updated, checkpoint_every_s=job.checkpoint_every_s,
         priority=job.priority, incarnation=job.incarnation, reason=job.reason or "", checkpoints=job.checkpoints,
         cpus=job.cpus, memory_bytes=job.memory_bytes, gpus=job.gpus, deadline=job.deadline or 0.0,
-        max_downtime_s=job.max_downtime_s or 0.0,
+        max_downtime_s=job.max_downtime_s or 0.0, gpu_model=job.gpu_model or "", gpu_memory_bytes=job.gpu_memory_bytes,
+        gpu_uuids=job.gpu_uuids,
     )
 
 
@@ -24,7 +26,8 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
         created=c.created, criu_version=c.criu_version, kernel=c.kernel, bytes_logical=c.bytes_logical,
         bytes_stored=c.bytes_stored, bytes_uploaded=c.bytes_uploaded, freeze_ms=c.freeze_ms, dump_ms=c.dump_ms,
         upload_ms=c.upload_ms, total_ms=c.total_ms, manifest_key=c.manifest_key, error=c.error or "",
-        log_excerpt=c.log_excerpt, final=c.final,
+        log_excerpt=c.log_excerpt, final=c.final, gpu_bytes=c.gpu_bytes, gpu_lock_ms=c.gpu_lock_ms,
+        gpu_checkpoint_ms=c.gpu_checkpoint_ms,
     )
 
 
@@ -34,7 +37,21 @@ def node_to_pb(n: Node) -> pb.Node:
         criu_error=n.criu_error or "", lazy_pages=n.lazy_pages, heartbeat=n.heartbeat, cpus=n.cpus,
         memory_bytes=n.memory_bytes, labels=n.labels, jobs=n.jobs, address=n.address,
         price_per_hour=n.price_per_hour, spot=n.spot, gpus=n.gpus, preemptions=n.preemptions,
-        notice_deadline=n.notice_deadline or 0.0,
+        notice_deadline=n.notice_deadline or 0.0, gpu_list=[gpu_to_pb(g) for g in n.gpu_list],
+        gpu_driver=n.gpu_driver or "", gpu_error=n.gpu_error or "", gpu_conditions=n.gpu_conditions,
+    )
+
+
+def gpu_to_pb(g: dict[str, Any]) -> pb.Gpu:
+    return pb.Gpu(
+        index=int(g.get("index", 0)), uuid=str(g.get("uuid", "")), model=str(g.get("model", "")),
+        memory_total=int(g.get("memory_total") or 0), memory_used=int(g.get("memory_used") or 0),
+        utilization_pct=int(g.get("utilization_pct") or 0), temperature_c=int(g.get("temperature_c") or 0),
+        power_w=float(g.get("power_w") or 0.0), ecc_uncorrected=int(g.get("ecc_uncorrected") or 0),
+        ecc_corrected=int(g.get("ecc_corrected") or 0), throttle_reasons=list(g.get("throttle_reasons") or []),
+        xid_events=list(g.get("xid_events") or []), healthy=bool(g.get("healthy", True)),
+        problems=list(g.get("problems") or []), lost=bool(g.get("lost", False)),
+        pci_bus_id=str(g.get("pci_bus_id", "")),
     )
 
 

@@ -153,7 +153,9 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                                     node=request.node or None, checkpoint_every_s=request.checkpoint_every_s,
                                     priority=request.priority, cpus=request.cpus, memory_bytes=request.memory_bytes,
                                     gpus=request.gpus, deadline=time.time() + request.deadline_s if request.deadline_s
-                                    else None, max_downtime_s=request.max_downtime_s or None)
+                                    else None, max_downtime_s=request.max_downtime_s or None,
+                                    gpu_model=request.gpu_model or None, gpu_memory_bytes=request.gpu_memory_bytes,
+                                    gpu_shared=request.gpu_shared)
                 cmd = wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
                 update = await self.op_result(cmd)
             except FerryError as exc:

@@ -28,7 +28,20 @@ from ferry.criu.errors import CriuError, LaunchFailed
 from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
+from ferry.gpu.compat import snapshot_of
+from ferry.gpu.cuda_checkpoint import (
+    CudaCheckpointer,
+    cuda_processes,
+    default_checkpointer,
+    resume_after_dump,
+    suspend_for_dump,
+)
+from ferry.gpu.errors import GpuError
+from ferry.gpu.models import GpuDumpStats, GpuInfo, GpuReport
+from ferry.gpu.monitor import GpuMonitor
+from ferry.gpu.nvml import RealNvml
+from ferry.gpu.xid import XidWatcher
 from ferry.health.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.base import NodeService, kernel_release, read_meminfo_bytes, workload_env
 from ferry.node.procs import alive, signal_tree
@@ -60,6 +73,9 @@ class Checkpointer(NodeService):
         except ValueError as exc:
             raise ConfigError(f"FERRY_NODE_SPEC is not a valid node description: {exc}") from exc
         self.notice_deadline: float | None = None
+        self.gpu_monitor = self.make_gpu_monitor()
+        await asyncio.to_thread(self.gpu_monitor.start)
+        self.gpu_report = GpuReport()
         await self.beat()
 
     async def run(self) -> None:
@@ -85,14 +101,34 @@ class Checkpointer(NodeService):
                 out.append(d.name)
         return out
 
+    def make_gpu_monitor(self) -> GpuMonitor:
+        """NVML through nvidia-ml-py; a node without the driver simply has no GPUs."""
+        nvml = RealNvml()
+        return GpuMonitor(nvml, watcher=XidWatcher(nvml))
+
+    def gpus(self) -> list[GpuInfo]:
+        """The node's GPUs: NVML's, or the cluster file's simulated ones where NVML has none."""
+        real = self.gpu_report.inventory.gpus
+        if real or not self.spec.gpus:
+            return real
+        return [GpuInfo(index=i, uuid=f"GPU-sim-{self.node_id}-{i}", model=self.spec.gpu_model,
+                        memory_total=self.spec.gpu_memory) for i in range(self.spec.gpus)]
+
     async def beat(self) -> None:
         """Writes this node's record (compare-and-set: the scheduler and health write its state too)."""
         assert self.bus is not None
-        st, spec = self.criu_status, self.spec
+        try:
+            self.gpu_report = await asyncio.to_thread(self.gpu_monitor.sample)
+        except Exception as exc:  # the monitor reports driver trouble itself; anything else is a bug to log
+            log.warning("GPU sample failed: %s", exc)
+        st, spec, gpus, inv = self.criu_status, self.spec, self.gpus(), self.gpu_report.inventory
         node = Node(id=self.node_id, state=NodeState.READY, criu_ok=st.ok, criu_version=st.version,
                     criu_error=st.error, lazy_pages=st.lazy_pages, cpus=spec.cpus, memory_bytes=spec.memory,
-                    gpus=spec.gpus, labels=spec.labels(), price_per_hour=spec.price_per_hour, spot=spec.spot,
-                    jobs=self.running_jobs(), address=str(self.work_dir), notice_deadline=self.notice_deadline)
+                    gpus=len(gpus), labels=spec.labels(), price_per_hour=spec.price_per_hour, spot=spec.spot,
+                    jobs=self.running_jobs(), address=str(self.work_dir), notice_deadline=self.notice_deadline,
+                    gpu_list=[g.model_dump() for g in gpus], gpu_driver=inv.driver_version, gpu_error=inv.error,
+                    gpu_conditions=[f"{c.kind} on GPU {c.gpu_index if c.gpu_index is not None else '-'}: {c.detail}"
+                                    for c in self.gpu_report.conditions])
         found = await self.bus.nodes.get_rev(self.node_id)
         if found is None:
             with contextlib.suppress(CasConflict):
@@ -232,8 +268,11 @@ class Checkpointer(NodeService):
         jd.clear_run_state()
         for f in (jd.stdout, jd.stderr):
             f.write_bytes(b"")
+        env = workload_env(job.env)
+        if job.gpu_uuids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
         try:
-            info = await launch(jd, job.argv, cwd=job.cwd, env=workload_env(job.env), incarnation=cmd.incarnation)
+            info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation)
         except LaunchFailed as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
@@ -277,7 +316,7 @@ class Checkpointer(NodeService):
         t0 = time.monotonic()
         try:
             await self._dump_and_upload(cmd, jd, shim.pid, images, record, stop_marker)
-        except (CriuError, StoreError, OSError) as exc:
+        except (CriuError, StoreError, GpuError, OSError) as exc:
             if cmd.stop:
                 signal_tree(shim.pid, signal.SIGCONT)  # left stopped by the dump: let it run on
                 stop_marker.unlink(missing_ok=True)
@@ -302,16 +341,50 @@ class Checkpointer(NodeService):
         assert cmd.checkpoint
         if cmd.stop:
             stop_marker.touch()
-        with _tracer.start_as_current_span("criu.dump") as span:
-            # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
-            # if the upload fails the job simply continues.
-            dump = await self.criu.dump(pid, images, leave_running=not cmd.stop, record_sizes=[jd.stdout, jd.stderr],
-                                        extra_args=["--leave-stopped"] if cmd.stop else [])
-            span.set_attribute("ferry.dump_ms", dump.wall_ms)
+        gpu: tuple[CudaCheckpointer, GpuDumpStats] | None = None
+        cuda_pids: list[int] = await asyncio.to_thread(cuda_processes, pid) if job.gpu_uuids else []
+        if cuda_pids:
+            # The CUDA driver moves the job's device memory into its host memory, where CRIU sees it.
+            with _tracer.start_as_current_span("cuda.suspend"):
+                ckpt = default_checkpointer()
+                gpu = ckpt, await suspend_for_dump(pid, ckpt, nvml=self.gpu_monitor.nvml)
+        try:
+            with _tracer.start_as_current_span("criu.dump") as span:
+                # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
+                # if the upload fails the job simply continues.
+                dump = await self.criu.dump(pid, images, leave_running=not cmd.stop,
+                                            record_sizes=[jd.stdout, jd.stderr],
+                                            extra_args=["--leave-stopped"] if cmd.stop else [])
+                span.set_attribute("ferry.dump_ms", dump.wall_ms)
+        except CriuError:
+            if gpu is not None:  # CRIU resumed the tree: give it its GPU state back
+                await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)
+            raise
+        if gpu is not None:
+            if not cmd.stop:
+                await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)
+            stats = gpu[1]
+            record.gpu_bytes, record.gpu_lock_ms, record.gpu_checkpoint_ms = (
+                stats.gpu_bytes, stats.lock_ms, stats.checkpoint_ms)
+        try:
+            await self._upload(cmd, jd, pid, images, record, dump, gpu is not None)
+        except (StoreError, OSError):
+            if cmd.stop and gpu is not None:  # the job goes on: running again, then its GPU state back
+                signal_tree(pid, signal.SIGCONT)
+                await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)
+            raise
+
+    async def _upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path, record: CheckpointRecord,
+                      dump: DumpResult, uses_gpu: bool) -> None:
+        job = cmd.job
+        assert cmd.checkpoint
         await asyncio.to_thread(snapshot_logs, jd, images / LOGS_DIR, dump.file_sizes)
-        meta = {"job": job.id, "name": job.name, "checkpoint": cmd.checkpoint, "incarnation": cmd.incarnation,
-                "argv": job.argv, "stdout_path": str(jd.stdout), "stderr_path": str(jd.stderr),
-                "node": self.node_id}
+        meta: dict[str, object] = {
+            "job": job.id, "name": job.name, "checkpoint": cmd.checkpoint, "incarnation": cmd.incarnation,
+            "argv": job.argv, "stdout_path": str(jd.stdout), "stderr_path": str(jd.stderr), "node": self.node_id}
+        if uses_gpu:  # what a restore target must match
+            used = [g for g in self.gpus() if g.uuid in job.gpu_uuids]
+            meta["gpu"] = snapshot_of(used, self.gpu_report.inventory.driver_version or "").model_dump()
         (images / META_FILE).write_text(json.dumps(meta))
         page_maps = await asyncio.to_thread(find_page_maps, images)
         record.dump_ms = dump.wall_ms

@@ -19,6 +19,10 @@ from ferry.common.service import service_main
 from ferry.common.tracing import extract, tracer
 from ferry.criu.errors import CriuError
 from ferry.criu.launch import restore
+from ferry.gpu.compat import check_restore_target, device_map
+from ferry.gpu.cuda_checkpoint import default_checkpointer, resume_after_restore
+from ferry.gpu.errors import GpuError
+from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.node.base import NodeService
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
@@ -77,6 +81,7 @@ class Migrator(NodeService):
         try:
             with _tracer.start_as_current_span("store.fetch"):
                 manifest = await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)
+                gpu = await self.gpu_target(manifest.meta.get("gpu"), job.gpu_uuids)  # refuses before touching
                 images.mkdir(parents=True)
                 await asyncio.to_thread(self.store.restore_files, manifest, images,
                                         self.progress_reporter(cmd.op, "download"))
@@ -88,7 +93,10 @@ class Migrator(NodeService):
             with _tracer.start_as_current_span("criu.restore"):
                 info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},
                                      incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin)
-        except (StoreError, CriuError, OSError, ValueError, KeyError) as exc:
+            if gpu is not None:
+                with _tracer.start_as_current_span("cuda.restore"):
+                    await resume_after_restore(info.pid, default_checkpointer(), device_map(gpu[0].uuids, gpu[1]))
+        except (StoreError, CriuError, GpuError, OSError, ValueError, KeyError) as exc:
             error = f"restore of {cmd.checkpoint} on {self.node_id} failed: {exc}"
             log.warning("%s", error)
             if (images / "restore.log").exists():
@@ -101,6 +109,20 @@ class Migrator(NodeService):
         restore_ms = (time.monotonic() - t0) * 1000
         await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id, incarnation=cmd.incarnation,
                                          op=cmd.op, pid=info.pid, restore_ms=restore_ms))
+
+
+    async def gpu_target(self, snapshot: object, assigned: list[str]) -> tuple[GpuSnapshot, list[GpuInfo]] | None:
+        """For a checkpoint taken with GPU state: the GPUs assigned here, checked against the ones it
+        ran on (model, count, driver); GpuMismatch before anything is fetched or touched."""
+        if not snapshot:
+            return None
+        assert self.bus is not None
+        source = GpuSnapshot.model_validate(snapshot)
+        node = await self.bus.nodes.get(self.node_id)
+        here = [GpuInfo.model_validate(g) for g in (node.gpu_list if node else [])]
+        target = [g for g in here if g.uuid in assigned] if assigned else here[: source.count]
+        check_restore_target(source, target, node.gpu_driver if node else None)
+        return source, target
 
 
 def main() -> None:

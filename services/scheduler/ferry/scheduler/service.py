@@ -35,7 +35,7 @@ from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.scheduler import policy
 from ferry.scheduler.state import ClusterState
-from ferry.scheduler.views import job_view, node_views
+from ferry.scheduler.views import gpu_assignments, gpu_trouble, job_view, node_views
 
 log = logging.getLogger(__name__)
 _tracer = tracer("scheduler")
@@ -140,7 +140,8 @@ class Scheduler(Service):
             job = Job(id=job_id, name=spec.name, argv=spec.argv, env=spec.env, cwd=spec.cwd,
                       requested_node=spec.node, checkpoint_every_s=spec.checkpoint_every_s,
                       priority=spec.priority, op=op.id, cpus=spec.cpus, memory_bytes=spec.memory_bytes,
-                      gpus=spec.gpus, deadline=spec.deadline, max_downtime_s=spec.max_downtime_s)
+                      gpus=spec.gpus, deadline=spec.deadline, max_downtime_s=spec.max_downtime_s,
+                      gpu_model=spec.gpu_model, gpu_memory_bytes=spec.gpu_memory_bytes, gpu_shared=spec.gpu_shared)
             await self.state.save_job(job, "submitted")
         op.job = job.id
         op.state = OpState.RUNNING
@@ -163,22 +164,35 @@ class Scheduler(Service):
 
     async def pick_node(self, job: Job, wanted: str | None, exclude: str | None = None) -> tuple[str | None, str]:
         """The node `job` should go to now (the policy's pick, or `wanted` if it can take it),
-        or None with the reason why none can."""
+        or None with the reason why none can. For a GPU job it also assigns the GPUs there."""
         t = now()
         others = [j for j in await self.state.jobs() if j.id != job.id]
-        views = node_views(await self.state.nodes(), others, t, self.settings.heartbeat_timeout_s)
+        nodes = await self.state.nodes()
+        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s)
+        gpu_fit = gpu_assignments(job, nodes, others)
         jv = job_view(job, t)
         if wanted:
             view = next((v for v in views if v.id == wanted), None)
             if view is None:
                 return None, f"node {wanted} has not joined the cluster"
             problem = view.reason if not view.usable else policy.fit_problem(jv, view)
-            return (None, f"{wanted}: {problem}") if problem else (wanted, "")
-        candidates = [v for v in views if v.usable and v.id != exclude]
+            fit = gpu_fit.get(wanted, [])
+            if not problem and isinstance(fit, str):
+                problem = fit
+            if problem:
+                return None, f"{wanted}: {problem}"
+            job.gpu_uuids = fit if isinstance(fit, list) else []
+            return wanted, ""
+        candidates = [v for v in views if v.usable and v.id != exclude and isinstance(gpu_fit.get(v.id, []), list)]
         best = policy.choose_node(jv, candidates, t) if candidates else None
         if best is None:
             pool = [v for v in views if v.id != exclude]
+            gpu_why = sorted({f"{n}: {w}" for n, w in gpu_fit.items() if isinstance(w, str) and n != exclude})
+            if job.gpus and gpu_why and not candidates:
+                return None, "; ".join(gpu_why)
             return None, policy.unplaced_reason(jv, pool) if pool else "no other node has joined the cluster"
+        fit = gpu_fit.get(best.id, [])
+        job.gpu_uuids = fit if isinstance(fit, list) else []
         return best.id, ""
 
     async def _wait_pending(self, job: Job, reason: str) -> bool:
@@ -486,6 +500,12 @@ class Scheduler(Service):
                 continue
             elif node.state in (NodeState.DRAINING, NodeState.PREEMPTING):
                 await self.evacuate(job, node)
+            elif (trouble := gpu_trouble(job, node)) is not None:
+                await self.state.emit(Event(kind="gpu_fault", job=job.id, node=node.id, message=trouble[1]))
+                if trouble[0]:  # the GPU still answers: a final checkpoint, then elsewhere
+                    await self.evacuate(job, node)
+                else:  # it does not: from the last checkpoint, as if the node were lost
+                    await self.failover(job, node, why=f"GPU fault on {node.id}: {trouble[1]}")
             elif job.next_checkpoint_at and t >= job.next_checkpoint_at:
                 op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args={"periodic": True})
                 await self.state.save_op(op)
@@ -494,13 +514,14 @@ class Scheduler(Service):
                 self.last_review[job.id] = t
                 await self.rebalance(job, node)
 
-    async def failover(self, job: Job, node: Node) -> None:
-        """`node` is gone: bring `job` back elsewhere from its last checkpoint, or from scratch."""
+    async def failover(self, job: Job, node: Node, why: str = "") -> None:
+        """`node` is gone (or `job`'s GPU there): bring `job` back elsewhere from its last
+        checkpoint, or from scratch."""
         if job.op:
             await self.state.finish_op(job.op, error=f"node {node.id} was lost during the operation")
         job.op, job.moving_to = None, None
         job.incarnation += 1  # fences the copy on the lost node, should it come back
-        lost = f"node {node.id} was lost"
+        lost = why or f"node {node.id} was lost"
         if not job.last_checkpoint:
             job.state, job.node, job.restarts = JobState.PENDING, None, job.restarts + 1
             job.reason = f"{lost}; no checkpoint: starting again from scratch"

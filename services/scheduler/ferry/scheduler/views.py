@@ -3,6 +3,8 @@
 from collections.abc import Iterable, Sequence
 
 from ferry.common.models import TERMINAL_STATES, Job, JobState, Node
+from ferry.gpu.models import GpuInfo
+from ferry.gpu.placement import GpuRequest, assign
 from ferry.scheduler.placement import usable
 from ferry.scheduler.policy import JobView, NodeView
 
@@ -25,10 +27,11 @@ def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat
     for n in nodes:
         c, m, g = used.get(n.id, (0.0, 0, 0))
         why = usable(n, now, heartbeat_timeout_s)
+        healthy_gpus = sum(1 for info in n.gpu_list if info.get("healthy", True)) if n.gpu_list else n.gpus
         views.append(NodeView(
             id=n.id, spot=n.spot, price_per_hour=n.price_per_hour, zone=n.labels.get("zone", ""),
-            cpus=float(n.cpus), memory_bytes=n.memory_bytes, gpus=n.gpus, free_cpus=n.cpus - c,
-            free_memory_bytes=n.memory_bytes - m, free_gpus=n.gpus - g, preemptions=n.preemptions,
+            cpus=float(n.cpus), memory_bytes=n.memory_bytes, gpus=healthy_gpus, free_cpus=n.cpus - c,
+            free_memory_bytes=n.memory_bytes - m, free_gpus=healthy_gpus - g, preemptions=n.preemptions,
             uptime_s=max(1.0, now - n.started), usable=why is None, reason=why or ""))
     return views
 
@@ -39,3 +42,38 @@ def job_view(job: Job, now: float) -> JobView:
         deadline_at=job.deadline, max_downtime_s=job.max_downtime_s, node=job.node,
         move_cost_s=job.move_cost_s, checkpoint_every_s=job.checkpoint_every_s or 600.0,
     )
+
+
+def gpu_assignments(job: Job, nodes: Sequence[Node], others: Iterable[Job]) -> dict[str, list[str] | str]:
+    """For a GPU job: per node, the GPUs it would get there, or why it cannot (none for other jobs)."""
+    if not job.gpus:
+        return {}
+    request = GpuRequest(count=job.gpus, model=job.gpu_model, memory_bytes=job.gpu_memory_bytes or None,
+                         shared=job.gpu_shared)
+    holders = [j for j in others if holds_capacity(j) and j.gpu_uuids]
+    out: dict[str, list[str] | str] = {}
+    for n in nodes:
+        if n.gpu_error:
+            out[n.id] = f"its GPU driver fails: {n.gpu_error}"
+            continue
+        gpus = [GpuInfo.model_validate(g) for g in n.gpu_list]
+        in_use: dict[str, list[str]] = {}
+        for j in holders:
+            if n.id in (j.node, j.moving_to):
+                for uuid in j.gpu_uuids:
+                    in_use.setdefault(uuid, []).append(j.id)
+        shared = {j.id for j in holders if j.gpu_shared}
+        got = assign(request, gpus, in_use, shared_jobs=shared)
+        out[n.id] = got if isinstance(got, str) else [g.uuid for g in got]
+    return out
+
+
+def gpu_trouble(job: Job, node: Node) -> tuple[bool, str] | None:
+    """Whether a GPU `job` holds on `node` became unhealthy: (it still answers, what is wrong)."""
+    if not job.gpu_uuids:
+        return None
+    for raw in node.gpu_list:
+        gpu = GpuInfo.model_validate(raw)
+        if gpu.uuid in job.gpu_uuids and not gpu.healthy:
+            return not gpu.lost, f"GPU {gpu.index} ({gpu.uuid}): " + "; ".join(gpu.problems or ["unhealthy"])
+    return None
