@@ -6,22 +6,18 @@ the sizes recorded while the tree was frozen, and maps the original paths onto t
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from ferry.criu.jobdir import ExitInfo, JobDir
+from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
 from ferry.criu.linux import is_gone, ns_pids
 from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
+from tests.integration.criu_helpers import COUNTER, ENV, wait_exit, wait_for
 
-pytestmark = [pytest.mark.criu, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(60)]
 
-ENV = {"PATH": "/usr/bin:/bin"}
-COUNTER = "i=0; while true; do echo $i; i=$((i+1)); sleep 0.01; done"
 # A tree: the writer loop and the reader loop are two children joined by a pipe; the root waits.
 PIPE_TREE = (
     'i=0; while [ "$i" -lt 120 ]; do echo "$i"; i=$((i+1)); sleep 0.01; done'
@@ -29,41 +25,8 @@ PIPE_TREE = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def criu_ok() -> CriuRunner:
-    """Every test here needs a working CRIU: fail (never skip) when it is missing."""
-    runner = CriuRunner()
-    status = runner.check()
-    assert status.ok, status.error
-    return runner
-
-
-@pytest.fixture
-async def pids() -> AsyncIterator[list[int]]:
-    """Workload PIDs to kill when the test ends, whatever happened."""
-    started: list[int] = []
-    yield started
-    for pid in started:
-        await kill_tree(pid, grace_s=0)
-
-
-async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def lines_in(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
-
-
-async def wait_exit(job: JobDir, timeout_s: float = 10.0) -> ExitInfo:
-    await wait_for(f"{job.exit_file}", lambda: job.read_exit() is not None, timeout_s)
-    info = job.read_exit()
-    assert info is not None
-    return info
 
 
 async def checkpoint_and_kill(runner: CriuRunner, src: JobDir, pid: int, images: Path) -> DumpResult:

@@ -8,53 +8,18 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from ferry.criu.errors import LaunchFailed, RestoreFailed
-from ferry.criu.jobdir import ExitInfo, JobDir
+from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
 from ferry.criu.linux import is_gone, ns_pids
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 
-pytestmark = [pytest.mark.criu, pytest.mark.timeout(60)]
-
-ENV = {"PATH": "/usr/bin:/bin"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def criu_ok() -> CriuRunner:
-    """Every test here needs a working CRIU: fail (never skip) when it is missing."""
-    runner = CriuRunner()
-    status = runner.check()
-    assert status.ok, status.error
-    return runner
-
-
-@pytest.fixture
-async def pids() -> AsyncIterator[list[int]]:
-    started: list[int] = []
-    yield started
-    for pid in started:
-        await kill_tree(pid, grace_s=0)
-
-
-async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def wait_exit(job: JobDir, timeout_s: float = 10.0) -> ExitInfo:
-    await wait_for(str(job.exit_file), lambda: job.read_exit() is not None, timeout_s)
-    info = job.read_exit()
-    assert info is not None
-    return info
-
+pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(60)]
 
 async def shim_cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(

@@ -43,6 +43,11 @@ class WireError(FerryError):
     """A message on the bus that does not decode into what its subject promises."""
 
 
+def is_token(value: str) -> bool:
+    """Whether `value` can be one subject token (and so a job, node or checkpoint id)."""
+    return bool(_TOKEN.match(value))
+
+
 def token(value: str) -> str:
     """`value` checked as one subject token (no dots, spaces or wildcards)."""
     if not _TOKEN.match(value):

@@ -6,11 +6,15 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from nats.aio.msg import Msg
+
 from ferry.common import wire
+from ferry.common.bus import keep_alive
 from ferry.common.service import Service
+from ferry.common.tracing import extract, tracer
 from ferry.criu.jobdir import JobDir
 from ferry.store.store import CheckpointStore
 from ferry.store.url import open_backend
@@ -36,7 +40,32 @@ class NodeService(Service):
         for d in (self.jobs_dir, self.scratch_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.store = CheckpointStore(open_backend(self.settings.resolved_store_url()))
+        self.job_locks: dict[str, asyncio.Lock] = {}
         await self.connect()
+
+    async def on_command(self, msg: Msg) -> None:
+        """Runs one node command: one at a time per job, in the trace of whoever sent it, telling
+        JetStream it is still being worked on (a dump or restore can outlast the ack wait)."""
+        cmd = wire.decode(wire.NodeCommand, msg.data)
+        handler = self.handlers().get(cmd.kind)
+        if handler is None:
+            log.error("%s cannot %s; dropping the command", self.name, cmd.kind)
+            return
+        lock = self.job_locks.setdefault(cmd.job.id, asyncio.Lock())
+        with tracer(self.name).start_as_current_span(f"{self.name}.{cmd.kind}", context=extract(msg.headers)) as span:
+            span.set_attribute("ferry.job", cmd.job.id)
+            span.set_attribute("ferry.node", self.node_id)
+            span.set_attribute("ferry.checkpoint", cmd.checkpoint or "")
+            alive_task = asyncio.create_task(keep_alive(msg))
+            try:
+                async with lock:
+                    await handler(cmd)
+            finally:
+                alive_task.cancel()
+
+    def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
+        """The node commands this service carries out, by kind."""
+        return {}
 
     def job_dir(self, job_id: str) -> JobDir:
         wire.token(job_id)

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     async def resolve(self, ref: str) -> Job:
         if not ref:
             raise UsageError("no job given: name it by name or id")
-        if wire._TOKEN.match(ref):
+        if wire.is_token(ref):
             job = await self.bus.jobs.get(ref)
             if job is not None:
                 return job
@@ -66,7 +66,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
 
     async def require_node(self, node_id: str) -> None:
-        if not wire._TOKEN.match(node_id) or await self.bus.nodes.get(node_id) is None:
+        if not wire.is_token(node_id) or await self.bus.nodes.get(node_id) is None:
             raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
 
     async def run_op(self, cmd: wire.SchedulerCommand) -> AsyncIterator[pb.OpUpdate]:
@@ -118,6 +118,20 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             final = update
         return final
 
+    async def unary_op(self, name: str, context: Ctx, build: Callable[[], Awaitable[wire.SchedulerCommand]]
+                       ) -> pb.OpUpdate:
+        """Builds a command (its checks may refuse it), runs the op to its end and returns the last
+        update; every failure ends the call with the matching gRPC status."""
+        with self.span(name, context):
+            try:
+                update = await self.op_result(await build())
+            except FerryError as exc:
+                await self.fail(context, exc)
+                raise AssertionError("unreachable") from exc
+            if update.error:
+                await self.fail_op(context, update)
+            return update
+
     @staticmethod
     async def fail(context: Ctx, exc: FerryError) -> None:
         await context.abort(status_of(exc), str(exc))
@@ -133,37 +147,30 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     # ---- RPCs --------------------------------------------------------------------------------
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Ctx) -> pb.Job:
-        with self.span("SubmitJob", context):
-            try:
-                if not request.argv or not request.argv[0]:
-                    raise UsageError("empty command: give the program to run after `--`")
-                name = request.name or f"job-{new_id('x')[2:8]}"
-                if not wire._TOKEN.match(name):
-                    raise UsageError(f"bad job name {name!r}: use letters, digits, '-' and '_'")
-                if request.checkpoint_every_s < 0:
-                    raise UsageError("--checkpoint-every must not be negative")
-                if request.cwd and not os.path.isabs(request.cwd):
-                    raise UsageError(f"--cwd {request.cwd!r} must be an absolute path")
-                if request.node:
-                    await self.require_node(request.node)
-                if min(request.cpus, request.memory_bytes, request.gpus, request.deadline_s,
-                       request.max_downtime_s) < 0:
-                    raise UsageError("resources, --deadline and --max-downtime must not be negative")
-                spec = wire.JobSpec(name=name, argv=list(request.argv), env=dict(request.env), cwd=request.cwd or "/",
-                                    node=request.node or None, checkpoint_every_s=request.checkpoint_every_s,
-                                    priority=request.priority, cpus=request.cpus, memory_bytes=request.memory_bytes,
-                                    gpus=request.gpus, deadline=time.time() + request.deadline_s if request.deadline_s
-                                    else None, max_downtime_s=request.max_downtime_s or None,
-                                    gpu_model=request.gpu_model or None, gpu_memory_bytes=request.gpu_memory_bytes,
-                                    gpu_shared=request.gpu_shared)
-                cmd = wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
-                update = await self.op_result(cmd)
-            except FerryError as exc:
-                await self.fail(context, exc)
-                raise AssertionError("unreachable") from exc
-            if update.error:
-                await self.fail_op(context, update)
-            return update.job
+        async def build() -> wire.SchedulerCommand:
+            if not request.argv or not request.argv[0]:
+                raise UsageError("empty command: give the program to run after `--`")
+            name = request.name or f"job-{new_id('x')[2:8]}"
+            if not wire.is_token(name):
+                raise UsageError(f"bad job name {name!r}: use letters, digits, '-' and '_'")
+            if request.checkpoint_every_s < 0:
+                raise UsageError("--checkpoint-every must not be negative")
+            if request.cwd and not os.path.isabs(request.cwd):
+                raise UsageError(f"--cwd {request.cwd!r} must be an absolute path")
+            if min(request.cpus, request.memory_bytes, request.gpus, request.deadline_s, request.max_downtime_s) < 0:
+                raise UsageError("resources, --deadline and --max-downtime must not be negative")
+            if request.node:
+                await self.require_node(request.node)
+            spec = wire.JobSpec(
+                name=name, argv=list(request.argv), env=dict(request.env), cwd=request.cwd or "/",
+                node=request.node or None, checkpoint_every_s=request.checkpoint_every_s, priority=request.priority,
+                cpus=request.cpus, memory_bytes=request.memory_bytes, gpus=request.gpus,
+                deadline=time.time() + request.deadline_s if request.deadline_s else None,
+                max_downtime_s=request.max_downtime_s or None, gpu_model=request.gpu_model or None,
+                gpu_memory_bytes=request.gpu_memory_bytes, gpu_shared=request.gpu_shared)
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
+
+        return (await self.unary_op("SubmitJob", context, build)).job
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
         jobs = sorted(await self.bus.jobs.values(), key=lambda j: j.created)
@@ -179,18 +186,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             raise AssertionError("unreachable") from exc
 
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.Job:
-        with self.span("KillJob", context):
-            try:
-                job = await self.resolve(request.job)
-                cmd = wire.SchedulerCommand(op=new_id("op"), kind=OpKind.KILL, job=job.id,
-                                            grace_s=request.grace_s or 5.0)
-                update = await self.op_result(cmd)
-            except FerryError as exc:
-                await self.fail(context, exc)
-                raise AssertionError("unreachable") from exc
-            if update.error:
-                await self.fail_op(context, update)
-            return update.job
+        async def build() -> wire.SchedulerCommand:
+            job = await self.resolve(request.job)
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.KILL, job=job.id, grace_s=request.grace_s or 5.0)
+
+        return (await self.unary_op("KillJob", context, build)).job
 
     async def WaitJob(self, request: pb.WaitJobRequest, context: Ctx) -> pb.Job:
         try:
@@ -235,7 +235,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             if request.node:
                 await self.require_node(request.node)
             if request.checkpoint:
-                found = wire._TOKEN.match(request.checkpoint) and await self.bus.checkpoints.get(
+                found = wire.is_token(request.checkpoint) and await self.bus.checkpoints.get(
                     wire.ckpt_key(job.id, request.checkpoint))
                 if not found:
                     raise NotFoundError(f"job {job.name} has no checkpoint {request.checkpoint!r}: "
@@ -328,19 +328,14 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
 
     async def DrainNode(self, request: pb.DrainNodeRequest, context: Ctx) -> pb.Node:
-        with self.span("DrainNode", context):
-            try:
-                await self.require_node(request.node)
-                update = await self.op_result(wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN,
-                                                                    node=request.node, stop=request.undo))
-            except FerryError as exc:
-                await self.fail(context, exc)
-                raise AssertionError("unreachable") from exc
-            if update.error:
-                await self.fail_op(context, update)
-            node = await self.bus.nodes.get(request.node)
-            assert node is not None
-            return convert.node_to_pb(node)
+        async def build() -> wire.SchedulerCommand:
+            await self.require_node(request.node)
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN, node=request.node, stop=request.undo)
+
+        await self.unary_op("DrainNode", context, build)
+        node = await self.bus.nodes.get(request.node)
+        assert node is not None
+        return convert.node_to_pb(node)
 
     async def ListPrices(self, request: pb.ListPricesRequest, context: Ctx) -> pb.ListPricesResponse:
         records = sorted(await self.bus.prices.values(), key=lambda p: (p.zone, p.instance_type, p.market))

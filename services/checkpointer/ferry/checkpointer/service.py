@@ -13,17 +13,18 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from nats.aio.msg import Msg
 
 from ferry.common import wire
-from ferry.common.bus import CasConflict, keep_alive
+from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
 from ferry.common.errors import ConfigError, FerryError
 from ferry.common.models import TERMINAL_STATES, CheckpointRecord, Node, NodeState
 from ferry.common.service import service_main
-from ferry.common.tracing import extract, tracer
+from ferry.common.tracing import tracer
 from ferry.criu.errors import CriuError, LaunchFailed
 from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
@@ -66,7 +67,6 @@ class Checkpointer(NodeService):
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
         self.known_chunks: dict[str, set[str]] = {}
-        self.job_locks: dict[str, asyncio.Lock] = {}
         try:
             self.spec = (NodeSpec.model_validate_json(self.settings.node_spec) if self.settings.node_spec
                          else NodeSpec(id=self.node_id, cpus=os.cpu_count() or 1, memory=read_meminfo_bytes() or 1))
@@ -238,23 +238,8 @@ class Checkpointer(NodeService):
 
     # ---- commands --------------------------------------------------------------------------
 
-    async def on_command(self, msg: Msg) -> None:
-        cmd = wire.decode(wire.NodeCommand, msg.data)
-        lock = self.job_locks.setdefault(cmd.job.id, asyncio.Lock())
-        with _tracer.start_as_current_span(f"checkpointer.{cmd.kind}", context=extract(msg.headers)) as span:
-            span.set_attribute("ferry.job", cmd.job.id)
-            span.set_attribute("ferry.node", self.node_id)
-            alive_task = asyncio.create_task(keep_alive(msg))
-            try:
-                async with lock:
-                    if cmd.kind == "launch":
-                        await self.launch(cmd)
-                    elif cmd.kind == "kill":
-                        await self.kill(cmd)
-                    elif cmd.kind == "checkpoint":
-                        await self.checkpoint(cmd)
-            finally:
-                alive_task.cancel()
+    def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
+        return {"launch": self.launch, "kill": self.kill, "checkpoint": self.checkpoint}
 
     async def launch(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)

@@ -10,13 +10,11 @@ import json
 import logging
 import shutil
 import time
-
-from nats.aio.msg import Msg
+from collections.abc import Awaitable, Callable
 
 from ferry.common import wire
-from ferry.common.bus import keep_alive
 from ferry.common.service import service_main
-from ferry.common.tracing import extract, tracer
+from ferry.common.tracing import tracer
 from ferry.criu.errors import CriuError
 from ferry.criu.launch import restore
 from ferry.gpu.compat import check_restore_target, device_map
@@ -39,32 +37,14 @@ class Migrator(NodeService):
 
     name = "migrator"
 
-    async def start(self) -> None:
-        await super().start()
-        self.job_locks: dict[str, asyncio.Lock] = {}
-
     async def run(self) -> None:
         assert self.bus is not None
         await self.bus.consume(stream=wire.CMD_STREAM, durable=f"migrator-{self.node_id}",
                                subject=wire.node_cmd_subject(self.node_id, "migrator"),
                                handler=self.on_command, concurrency=2, ack_wait=60, stop=self.stopping)
 
-    async def on_command(self, msg: Msg) -> None:
-        cmd = wire.decode(wire.NodeCommand, msg.data)
-        if cmd.kind != "restore":
-            log.error("migrator cannot %s; dropping", cmd.kind)
-            return
-        lock = self.job_locks.setdefault(cmd.job.id, asyncio.Lock())
-        with _tracer.start_as_current_span("migrator.restore", context=extract(msg.headers)) as span:
-            span.set_attribute("ferry.job", cmd.job.id)
-            span.set_attribute("ferry.node", self.node_id)
-            span.set_attribute("ferry.checkpoint", cmd.checkpoint or "")
-            alive_task = asyncio.create_task(keep_alive(msg))
-            try:
-                async with lock:
-                    await self.restore(cmd)
-            finally:
-                alive_task.cancel()
+    def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
+        return {"restore": self.restore}
 
     async def restore(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)
