@@ -32,20 +32,19 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from benchkit import dir_bytes, machine, median, read_bytes, run_directory, uptime
 
 from ferry.criu.binary import find_criu
 from ferry.criu.errors import ImageError
@@ -90,13 +89,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
         time.sleep(interval)
 
 
-def read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""
-
-
 def is_ready(stdout: Path) -> bool:
     return read_bytes(stdout).startswith(b"ready")
 
@@ -104,10 +96,6 @@ def is_ready(stdout: Path) -> bool:
 def rounds(stdout: Path) -> int:
     """How many memhog rounds the process has printed so far."""
     return len(_ROUND.findall(read_bytes(stdout)))
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def settle(drop: bool) -> bool:
@@ -123,10 +111,6 @@ def settle(drop: bool) -> bool:
     return True
 
 
-def median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
 def fmt_s(x: float) -> str:
     return f"{x:.2f} s"
 
@@ -140,39 +124,6 @@ def samples_s(xs: list[float]) -> str:
 
 
 # ---- the machine -------------------------------------------------------------------------------
-
-
-def machine(data_dir: Path) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    mem = 0
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    criu = find_criu() or "criu"
-    version = subprocess.run([criu, "--version"], capture_output=True, text=True, check=False).stdout
-    df = subprocess.run(["df", "-h", "--output=source,fstype,size,used,avail,target", str(data_dir)],
-                        capture_output=True, text=True, check=False).stdout.strip().splitlines()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem / 2**30, 1),
-        "kernel": platform.release(),
-        "criu": version.strip().splitlines()[0] if version.strip() else "unknown",
-        "python": platform.python_version(),
-        "data_dir": str(data_dir),
-        "disk": df[-1] if df else "unknown",
-    }
-
-
-def uptime() -> str:
-    out = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    return out or " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # ---- the cluster -------------------------------------------------------------------------------
@@ -484,21 +435,6 @@ def markdown(result: dict[str, Any]) -> str:
 # ---- main --------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def run_directory(base: str | None, keep: bool) -> Iterator[Path]:
-    parent = Path(base).resolve() if base else None
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="ferry-bench-", dir=parent))
-    try:
-        yield path
-    finally:
-        if keep:
-            print(f"kept {path}", file=sys.stderr)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--mib", type=int, default=1024, help="memhog size in MiB (default 1024)")
@@ -533,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     started = time.monotonic()
     load_before = uptime()
-    with run_directory(args.data_dir, args.keep) as run_dir:
+    with run_directory(args.data_dir, args.keep, "ferry-bench-") as run_dir:
         cluster = Cluster(run_dir / "cluster")
         bench = Bench(args, run_dir, cluster)
         try:

@@ -37,7 +37,6 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -45,11 +44,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from benchkit import dir_bytes, machine, median, read_bytes, run_directory, uptime
 
 from ferry.criu.binary import find_criu
 from ferry.criu.jobdir import JobDir
@@ -93,13 +94,6 @@ class BenchError(Exception):
 
 
 # ---- reading a workload's output ---------------------------------------------------------------
-
-
-def read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""
 
 
 def round_lines(stdout: Path) -> list[bytes]:
@@ -153,20 +147,12 @@ async def await_for(predicate: Callable[[], bool], timeout: float, what: str) ->
         await asyncio.sleep(0.02)
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-
-
 def mem_available() -> int:
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 # ---- one move ----------------------------------------------------------------------------------
@@ -499,64 +485,7 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machine(data_dir: Path) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    mem = 0
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    criu = find_criu() or "criu"
-    version = subprocess.run([criu, "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    df = (
-        subprocess.run(
-            ["df", "-h", "--output=source,fstype,size,avail,target", str(data_dir)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        .stdout.strip()
-        .splitlines()
-    )
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem / 2**30, 1),
-        "kernel": platform.release(),
-        "criu": version.splitlines()[0] if version else "unknown",
-        "python": platform.python_version(),
-        "data_dir": str(data_dir),
-        "disk": df[-1] if df else "unknown",
-        "pipe_max_size": Path("/proc/sys/fs/pipe-max-size").read_text().strip(),
-    }
-
-
-def uptime() -> str:
-    out = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    return out or " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 # ---- main --------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def run_directory(base: str | None, keep: bool) -> Iterator[Path]:
-    parent = Path(base).resolve() if base else None
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="ferry-migrate-", dir=parent))
-    try:
-        yield path
-    finally:
-        if keep:
-            print(f"kept {path}", file=sys.stderr)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -632,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     started = time.monotonic()
     load_before = uptime()
-    with run_directory(args.data_dir, args.keep) as run_dir:
+    with run_directory(args.data_dir, args.keep, "ferry-migrate-") as run_dir:
         bench = Bench(args, run_dir)
         try:
             rows, skipped = asyncio.run(run(args, bench))

@@ -1,0 +1,87 @@
+"""What the benchmarks in bench/ share: the machine they ran on, a run directory, small helpers."""
+
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ferry.criu.binary import find_criu
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def machine(data_dir: Path) -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    mem = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    criu = find_criu() or "criu"
+    version = subprocess.run([criu, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    df = (
+        subprocess.run(
+            ["df", "-h", "--output=source,fstype,size,avail,target", str(data_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        .stdout.strip()
+        .splitlines()
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem / 2**30, 1),
+        "kernel": platform.release(),
+        "criu": version.splitlines()[0] if version else "unknown",
+        "python": platform.python_version(),
+        "data_dir": str(data_dir),
+        "disk": df[-1] if df else "unknown",
+        "pipe_max_size": Path("/proc/sys/fs/pipe-max-size").read_text().strip(),
+    }
+
+
+def uptime() -> str:
+    out = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    return out or " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextlib.contextmanager
+def run_directory(base: str | None, keep: bool, prefix: str) -> Iterator[Path]:
+    parent = Path(base).resolve() if base else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        if keep:
+            print(f"kept {path}", file=sys.stderr)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
