@@ -155,6 +155,7 @@ class NodeEvent(Record):
     error_code: int = 1
     restore_ms: float | None = None
     deadline: float | None = None  # notice: when the node goes away
+    deleted_checkpoints: list[str] = Field(default_factory=list)  # removed by the retention policy
 
 
 class Progress(Record):

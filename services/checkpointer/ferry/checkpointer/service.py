@@ -47,6 +47,7 @@ from ferry.health.interruptions import AwsImds, AzureScheduledEvents, GcpMetadat
 from ferry.node.base import NodeService, kernel_release, read_meminfo_bytes, workload_env
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
+from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 _tracer = tracer("checkpointer")
@@ -315,10 +316,23 @@ class Checkpointer(NodeService):
                                              incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
         else:
             record.total_ms = (time.monotonic() - t0) * 1000
+            deleted = await self.apply_retention(job.id)
             await self.report(wire.NodeEvent(kind="checkpoint_committed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record,
+                                             deleted_checkpoints=deleted))
         finally:
             shutil.rmtree(images, ignore_errors=True)
+
+    async def apply_retention(self, job_id: str) -> list[str]:
+        """Keeps the newest FERRY_KEEP_CHECKPOINTS checkpoints of a job (0: all); returns the rest,
+        deleted. A failure here never fails the checkpoint that was just committed."""
+        if not self.settings.keep_checkpoints:
+            return []
+        try:
+            return await asyncio.to_thread(_retain, self.store, job_id, self.settings.keep_checkpoints)
+        except (StoreError, OSError) as exc:
+            log.warning("retention for %s failed: %s", job_id, exc)
+            return []
 
     async def _dump_and_upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path,
                                record: CheckpointRecord, stop_marker: Path) -> None:
@@ -392,6 +406,15 @@ class Checkpointer(NodeService):
         self.known_chunks[job.id] = result.manifest.chunk_hashes()
         if cmd.stop:
             signal_tree(pid, signal.SIGKILL)
+
+
+def _retain(store: CheckpointStore, job: str, keep: int) -> list[str]:
+    """The retention policy, then garbage collection of the chunks no checkpoint uses any more."""
+    deleted = store.apply_retention(job, keep)
+    if deleted:
+        result = store.gc()
+        log.info("retention removed %d checkpoint(s) of %s; gc freed %d bytes", len(deleted), job, result.bytes_freed)
+    return deleted
 
 
 def snapshot_logs(jd: JobDir, dest: Path, sizes: dict[str, int]) -> None:

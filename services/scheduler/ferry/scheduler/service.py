@@ -383,6 +383,9 @@ class Scheduler(Service):
         fresh = await self.state.save_checkpoint(record)
         op = await self.state.op(ev.op) if ev.op else None
         ours = job.op is not None and job.op == ev.op
+        for gone in ev.deleted_checkpoints:  # the node's retention policy removed these from the store
+            if gone != record.id:
+                await self.state.bus.checkpoints.delete(wire.ckpt_key(job.id, gone))
         if ev.kind == "checkpoint_committed":
             if fresh:
                 job.last_checkpoint = record.id

@@ -1,0 +1,64 @@
+"""The retention policy: with FERRY_KEEP_CHECKPOINTS=2 only a job's two newest checkpoints stay,
+in the store and in `ferry checkpoints`, and chunks no kept checkpoint uses are collected."""
+
+import asyncio
+from pathlib import Path
+
+import grpc.aio
+import pytest
+
+from ferry.api.service import Api
+from ferry.checkpointer.service import Checkpointer
+from ferry.common.config import Settings
+from ferry.common.service import Service
+from ferry.scheduler.service import Scheduler
+from ferry.store.store import CheckpointStore
+from ferry.store.url import open_backend
+from ferry.v1 import ferry_pb2 as pb
+from ferry.v1 import ferry_pb2_grpc as pb_grpc
+from tests.conftest import PY, free_port
+
+pytestmark = pytest.mark.criu
+
+# rewrites a different 4 MiB of fresh random bytes every 0.2 s: each checkpoint has chunks of its own
+CHURN = ("import os, time\nbuf = bytearray(16 << 20)\ni = 0\nwhile True:\n"
+         "    o = (i % 4) << 22\n    buf[o:o + (4 << 20)] = os.urandom(4 << 20)\n"
+         "    i += 1\n    print(i, flush=True)\n    time.sleep(0.2)\n")
+
+
+async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, criu_bin: str) -> None:
+    base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3,
+                    keep_checkpoints=2, scratch_dir=str(tmp_path / "scratch"))
+    services: list[Service] = [Scheduler(base), Api(base), Checkpointer(base.model_copy(update={"node_id": "n1"}))]
+    tasks = [asyncio.create_task(s.serve()) for s in services]
+    store = CheckpointStore(open_backend(base.resolved_store_url()))
+    try:
+        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
+        async with grpc.aio.insecure_channel(base.addr) as channel:
+            stub = pb_grpc.FerryAdminStub(channel)
+            for _ in range(50):
+                if (await stub.ListNodes(pb.ListNodesRequest())).nodes:
+                    break
+                await asyncio.sleep(0.1)
+            job = await stub.SubmitJob(pb.SubmitJobRequest(name="churn", argv=[PY, "-c", CHURN], cwd="/", node="n1"))
+            taken = []
+            chunks_after = []
+            for _ in range(4):
+                await asyncio.sleep(0.5)
+                updates = [u async for u in stub.Checkpoint(pb.CheckpointRequest(job="churn"))]
+                assert not updates[-1].error, updates[-1].error
+                taken.append(updates[-1].checkpoint.id)
+                chunks_after.append(sum(1 for _ in store.backend.list("chunks/")))
+            listed = [c.id for c in (await stub.ListCheckpoints(pb.JobRef(job="churn"))).checkpoints]
+            assert listed == taken[-2:]
+            assert sorted(store.list_checkpoints(job.id)) == sorted(taken[-2:])
+            assert (await stub.GetJob(pb.JobRef(job="churn"))).last_checkpoint == taken[-1]
+            # from the third checkpoint on, collection keeps the chunk count from growing without bound
+            assert chunks_after[3] < chunks_after[1] + (chunks_after[1] - chunks_after[0]) * 2
+            referenced = set().union(*(store.read_manifest(job.id, c).chunk_hashes() for c in taken[-2:]))
+            assert {k.removeprefix("chunks/") for k in store.backend.list("chunks/")} == referenced
+            await stub.KillJob(pb.KillJobRequest(job="churn", grace_s=0))
+    finally:
+        for s in services:
+            s.stopping.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
