@@ -11,10 +11,10 @@ from ferry.cli.output import job_dict, to_dict
 from ferry.common import wire
 from ferry.common.config import load_settings
 from ferry.common.errors import ConfigError, UsageError
-from ferry.common.models import Job, JobState, Node, NodeState, OpKind
+from ferry.common.models import Job, JobState, Node, NodeState, OpKind, PriceRecord
 from ferry.common.units import format_bytes, parse_duration, parse_size
 from ferry.scheduler.placement import usable
-from ferry.scheduler.views import node_views
+from ferry.scheduler.views import effective_price, node_views
 from ferry.v1 import ferry_pb2 as pb
 
 
@@ -120,3 +120,15 @@ def test_every_command_takes_output_json() -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name, p in sub.choices.items():
         assert any("--output" in a.option_strings for a in p._actions), name
+
+
+def test_price_feeds_override_a_nodes_declared_price() -> None:
+    node = _node(1, spot=True, price_per_hour=0.92, labels={"zone": "us-east-1a", "instance_type": "p3.2xlarge"})
+    feed = [PriceRecord(zone="us-east-1a", instance_type="p3.2xlarge", market="spot", price_per_hour=0.5, timestamp=1),
+            PriceRecord(zone="us-east-1a", instance_type="p3.2xlarge", market="spot", price_per_hour=0.7, timestamp=2),
+            PriceRecord(zone="us-east-1a", instance_type="p3.2xlarge", market="on-demand", price_per_hour=3.06),
+            PriceRecord(zone="us-east-1b", instance_type="p3.2xlarge", market="spot", price_per_hour=0.1)]
+    assert effective_price(node, feed) == 0.7  # the newest spot price of its zone and type
+    assert effective_price(node, []) == 0.92
+    (view,) = node_views([node], [], now=1001.0, heartbeat_timeout_s=5, prices=feed)
+    assert view.price_per_hour == 0.7

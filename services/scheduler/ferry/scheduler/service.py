@@ -168,7 +168,7 @@ class Scheduler(Service):
         t = now()
         others = [j for j in await self.state.jobs() if j.id != job.id]
         nodes = await self.state.nodes()
-        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s)
+        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.bus.prices.values())
         gpu_fit = gpu_assignments(job, nodes, others)
         jv = job_view(job, t)
         if wanted:
@@ -620,7 +620,7 @@ class Scheduler(Service):
             return
         t = now()
         views = node_views(await self.state.nodes(), [j for j in await self.state.jobs() if j.id != job.id], t,
-                           self.settings.heartbeat_timeout_s)
+                           self.settings.heartbeat_timeout_s, await self.state.bus.prices.values())
         current = next((v for v in views if v.id == node.id), None)
         jv = job_view(job, t)
         best, _ = policy.best_node(jv, [v for v in views if v.usable and v.id != node.id], t)

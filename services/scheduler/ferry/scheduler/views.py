@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 
-from ferry.common.models import TERMINAL_STATES, Job, JobState, Node
+from ferry.common.models import TERMINAL_STATES, Job, JobState, Node, PriceRecord
 from ferry.gpu.models import GpuInfo
 from ferry.gpu.placement import GpuRequest, assign
 from ferry.scheduler.placement import usable
@@ -14,7 +14,17 @@ def holds_capacity(job: Job) -> bool:
     return job.node is not None and job.state not in TERMINAL_STATES and job.state != JobState.PREEMPTED
 
 
-def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat_timeout_s: float) -> list[NodeView]:
+def effective_price(node: Node, prices: Iterable[PriceRecord]) -> float:
+    """The node's price per hour: the newest price feed entry for its zone, instance type and
+    market when the pricing service has one, else the price the node declares."""
+    market = "spot" if node.spot else "on-demand"
+    zone, kind = node.labels.get("zone", ""), node.labels.get("instance_type", "")
+    matching = [p for p in prices if p.zone == zone and p.instance_type == kind and p.market == market]
+    return max(matching, key=lambda p: p.timestamp).price_per_hour if matching else node.price_per_hour
+
+
+def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat_timeout_s: float,
+               prices: Sequence[PriceRecord] = ()) -> list[NodeView]:
     used: dict[str, tuple[float, int, int]] = {}
     for job in jobs:
         if not holds_capacity(job):
@@ -29,7 +39,7 @@ def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat
         why = usable(n, now, heartbeat_timeout_s)
         healthy_gpus = sum(1 for info in n.gpu_list if info.get("healthy", True)) if n.gpu_list else n.gpus
         views.append(NodeView(
-            id=n.id, spot=n.spot, price_per_hour=n.price_per_hour, zone=n.labels.get("zone", ""),
+            id=n.id, spot=n.spot, price_per_hour=effective_price(n, prices), zone=n.labels.get("zone", ""),
             cpus=float(n.cpus), memory_bytes=n.memory_bytes, gpus=healthy_gpus, free_cpus=n.cpus - c,
             free_memory_bytes=n.memory_bytes - m, free_gpus=healthy_gpus - g, preemptions=n.preemptions,
             uptime_s=max(1.0, now - n.started), usable=why is None, reason=why or ""))
