@@ -1,0 +1,234 @@
+"""The scheduler's control loop: what is driven by cluster state and time rather than by one
+message (failover, evacuation on a notice or a drain, preempt-and-save, parked jobs coming back,
+placement of pending jobs, periodic checkpoints, rebalancing), and the node-state changes that
+start it. State-driven, so a restarted scheduler simply carries on."""
+
+import asyncio
+import time
+
+from ferry.common import wire
+from ferry.common.bus import CasConflict
+from ferry.common.config import Settings
+from ferry.common.errors import ConflictError, NotFoundError, UsageError
+from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Node, NodeState, Op, OpKind, OpState, new_id, now
+from ferry.scheduler import policy
+from ferry.scheduler.state import ClusterState
+from ferry.scheduler.views import gpu_trouble, job_view, node_views
+
+
+class ControlLoop:
+    """Mixed into the Scheduler, which provides the attributes and actions declared here."""
+
+    state: ClusterState
+    settings: Settings
+    last_review: dict[str, float]
+
+    async def pick_node(self, job: Job, wanted: str | None, exclude: str | None = None) -> tuple[str | None, str]:
+        raise NotImplementedError
+
+    async def place(self, job: Job) -> bool:
+        raise NotImplementedError
+
+    async def checkpoint(self, job: Job, op: Op, *, stop: bool, resumed: bool = False) -> None:
+        raise NotImplementedError
+
+    async def _send_restore(self, job: Job, op: Op) -> None:
+        raise NotImplementedError
+
+    async def tick(self) -> None:
+        """Everything driven by state and time rather than by one message, so that a restarted
+        scheduler simply carries on: failover, evacuation, parked jobs coming back, placement of
+        pending jobs, periodic checkpoints and rebalancing."""
+        t = time.time()
+        nodes = {n.id: n for n in await self.state.nodes()}
+        for job in sorted(await self.state.jobs(), key=lambda j: (-j.priority, j.created)):
+            if job.state in TERMINAL_STATES:
+                continue
+            node = nodes.get(job.node) if job.node else None
+            if node is not None and node.state == NodeState.LOST and job.state != JobState.PREEMPTED:
+                await self.failover(job, node)
+            elif job.op is not None:
+                continue
+            elif job.state == JobState.PENDING and job.node is None:
+                await self.place(job)
+            elif job.state == JobState.PREEMPTED and job.parked_by == "capacity":
+                await self.resume_parked(job)
+            elif job.state != JobState.RUNNING or node is None:
+                continue
+            elif node.state in (NodeState.DRAINING, NodeState.PREEMPTING):
+                await self.evacuate(job, node)
+            elif (trouble := gpu_trouble(job, node)) is not None:
+                await self.state.emit(Event(kind="gpu_fault", job=job.id, node=node.id, message=trouble[1]))
+                if trouble[0]:  # the GPU still answers: a final checkpoint, then elsewhere
+                    await self.evacuate(job, node)
+                else:  # it does not: from the last checkpoint, as if the node were lost
+                    await self.failover(job, node, why=f"GPU fault on {node.id}: {trouble[1]}")
+            elif job.next_checkpoint_at and t >= job.next_checkpoint_at:
+                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args={"periodic": True})
+                await self.state.save_op(op)
+                await self.checkpoint(job, op, stop=False)
+            elif t - self.last_review.get(job.id, 0.0) > self.settings.rebalance_every_s:
+                self.last_review[job.id] = t
+                await self.rebalance(job, node)
+
+    async def failover(self, job: Job, node: Node, why: str = "") -> None:
+        """`node` is gone (or `job`'s GPU there): bring `job` back elsewhere from its last
+        checkpoint, or from scratch."""
+        if job.op:
+            await self.state.finish_op(job.op, error=f"node {node.id} was lost during the operation")
+        job.op, job.moving_to = None, None
+        job.incarnation += 1  # fences the copy on the lost node, should it come back
+        lost = why or f"node {node.id} was lost"
+        if not job.last_checkpoint:
+            job.state, job.node, job.restarts = JobState.PENDING, None, job.restarts + 1
+            job.reason = f"{lost}; no checkpoint: starting again from scratch"
+            await self.state.save_job(job, "failover", job.reason)
+            await self.place(job)
+            return
+        target, why = await self.pick_node(job, None, exclude=node.id)
+        if target is None:
+            job.state, job.parked_by = JobState.PREEMPTED, "capacity"
+            job.reason = f"{lost}; waiting for capacity to restore {job.last_checkpoint}: {why}"
+            await self.state.save_job(job, "failover", job.reason)
+            return
+        op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
+                checkpoint=job.last_checkpoint, args={"failover": node.id, "target": target})
+        await self.state.save_op(op)
+        job.state, job.op, job.node = JobState.RESTORING, op.id, target
+        await self.state.save_job(job, "failover", f"{lost}; restoring {job.last_checkpoint} on {target}")
+        await self._send_restore(job, op)
+
+    async def evacuate(self, job: Job, node: Node) -> None:
+        """Moves `job` off a draining or preempted node (final checkpoint, restore elsewhere). When
+        nothing can take it, lower-priority jobs elsewhere are parked to make room (preempt-and-save);
+        when that does not help either, `job` itself is parked with its final checkpoint."""
+        target, why = await self.pick_node(job, None, exclude=node.id)
+        if target is None and await self.make_room(job, exclude=node.id):
+            return  # the victims are being parked; the next tick moves `job`
+        if target is None:
+            op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id,
+                    args={"parked_by": "capacity", "reason": f"parked: {node.id} is {node.state} and {why}"})
+        else:
+            op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
+                    args={"target": target, "source": node.id, "evacuate": node.state.value})
+        await self.state.save_op(op)
+        await self.state.emit(Event(kind="evacuating", job=job.id, node=node.id,
+                                    message=f"{node.id} is {node.state}: " + (f"moving to {target}" if target
+                                                                              else "parking (no capacity)")))
+        await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def make_room(self, job: Job, exclude: str) -> bool:
+        """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
+        lower-priority jobs on any node would make room. Jobs already being parked count as gone."""
+        t = now()
+        jobs = await self.state.jobs()
+        views = node_views(await self.state.nodes(), [j for j in jobs if j.id != job.id], t,
+                           self.settings.heartbeat_timeout_s)
+        jv = job_view(job, t)
+        for view in sorted((v for v in views if v.usable and v.id != exclude), key=lambda v: v.id):
+            victims = sorted((j for j in jobs if j.node == view.id and j.priority < job.priority
+                              and j.state in (JobState.RUNNING, JobState.CHECKPOINTING)),
+                             key=lambda j: (j.priority, -j.created))
+            free_c, free_m, free_g = view.free_cpus, view.free_memory_bytes, view.free_gpus
+            chosen: list[Job] = []
+            for victim in victims:
+                if free_c >= jv.cpus and free_m >= jv.memory_bytes and free_g >= jv.gpus:
+                    break
+                chosen.append(victim)
+                free_c, free_m, free_g = free_c + victim.cpus, free_m + victim.memory_bytes, free_g + victim.gpus
+            if not chosen or free_c < jv.cpus or free_m < jv.memory_bytes or free_g < jv.gpus:
+                continue
+            for victim in chosen:
+                if victim.op is not None:
+                    continue
+                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
+                        args={"parked_by": "capacity",
+                              "reason": f"parked to make room for {job.name} (priority {job.priority})"})
+                await self.state.save_op(op)
+                await self.state.emit(Event(kind="preempting", job=victim.id, node=view.id,
+                                            message=f"parking it for {job.name} (priority {job.priority})"))
+                await self.checkpoint(victim, op, stop=True)
+            return True
+        return False
+
+    async def resume_parked(self, job: Job) -> None:
+        target, why = await self.pick_node(job, None)
+        if target is None:
+            first = (job.reason or "parked").split("; waiting for capacity:")[0]
+            reason = f"{first}; waiting for capacity: {why}"
+            if job.reason != reason:
+                job.reason = reason
+                await self.state.save_job(job)
+            return
+        op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
+                checkpoint=job.last_checkpoint, args={"resume": True, "target": target})
+        await self.state.save_op(op)
+        job.state, job.op, job.node = JobState.RESTORING, op.id, target
+        job.incarnation += 1
+        await self.state.save_job(job, "resuming", f"capacity is back: restoring {job.last_checkpoint} on {target}")
+        await self._send_restore(job, op)
+
+    async def rebalance(self, job: Job, node: Node) -> None:
+        """Moves `job` when a better node saves more over its remaining time than a move costs."""
+        if job.requested_node or not job.last_checkpoint:
+            return
+        t = now()
+        views = node_views(await self.state.nodes(), [j for j in await self.state.jobs() if j.id != job.id], t,
+                           self.settings.heartbeat_timeout_s, await self.state.bus.prices.values())
+        current = next((v for v in views if v.id == node.id), None)
+        jv = job_view(job, t)
+        best, _ = policy.best_node(jv, [v for v in views if v.usable and v.id != node.id], t)
+        if current is None or best is None:
+            return
+        remaining = (job.deadline - t) if job.deadline else self.settings.rebalance_horizon_s
+        decision = policy.should_move(jv, current, best, t, max(remaining, 0.0), job.last_move_at)
+        if not decision.move:
+            return
+        op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
+                args={"target": best.id, "source": node.id, "rebalance": decision.reason})
+        await self.state.save_op(op)
+        await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
+                                    message=f"to {best.id}: {decision.reason}"))
+        await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def set_node_state(self, node_id: str, state: NodeState, **fields: object) -> Node:
+        """Compare-and-set of a node's state (its own heartbeat writes the record too)."""
+        for _ in range(20):
+            found = await self.state.bus.nodes.get_rev(node_id)
+            if found is None:
+                raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
+            node, rev = found
+            node.state = state
+            for key, value in fields.items():
+                setattr(node, key, value)
+            try:
+                await self.state.bus.nodes.update(node_id, node, rev)
+                return node
+            except CasConflict:
+                await asyncio.sleep(0.05)
+        raise ConflictError(f"node {node_id} keeps changing; try again")
+
+    async def on_notice(self, ev: wire.NodeEvent) -> None:
+        node = await self.state.bus.nodes.get(ev.node)
+        if node is None or (node.notice_deadline == ev.deadline and node.state == NodeState.PREEMPTING):
+            return
+        await self.set_node_state(ev.node, NodeState.PREEMPTING, notice_deadline=ev.deadline,
+                                  preemptions=node.preemptions + 1)
+        left = (ev.deadline or now()) - now()
+        await self.state.emit(Event(kind="spot_notice", node=ev.node,
+                                    message=f"{ev.node} goes away in {left:.0f}s: evacuating its jobs"))
+        await self.tick()  # evacuate now, highest priority first
+
+    async def drain_node(self, cmd: wire.SchedulerCommand, op: Op) -> None:
+        if not cmd.node:
+            raise UsageError("say which node to drain")
+        node = await self.state.node(cmd.node)
+        if cmd.stop:  # undo
+            if node.state == NodeState.DRAINING:
+                await self.set_node_state(cmd.node, NodeState.READY)
+            await self.state.emit(Event(kind="undrained", node=cmd.node, message=f"{cmd.node} takes work again"))
+        else:
+            await self.set_node_state(cmd.node, NodeState.DRAINING)
+            await self.state.emit(Event(kind="draining", node=cmd.node, message=f"{cmd.node}: moving its jobs away"))
+        await self.state.finish_op(op.id)
+        await self.tick()
