@@ -198,11 +198,8 @@ class Bus:
             raise BusError(f"no answer on {subject}: is the node's service running?") from exc
         return bytes(reply.data)
 
-    async def serve(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> None:
-        """Answers core NATS requests on `subject` (read-only queries like log reads)."""
-        self._subs.append(await self.nc.subscribe(subject, cb=handler))
-
     async def subscribe(self, subject: str, handler: Callable[[Msg], Awaitable[None]]) -> Any:
+        """Core NATS: events as they pass, progress, and requests to answer (log reads)."""
         sub = await self.nc.subscribe(subject, cb=handler)
         self._subs.append(sub)
         return sub

@@ -9,9 +9,8 @@ Subjects (all under `ferry.`):
     rpc.node.<node>.logs                API -> node log reads (core NATS request/reply)
 """
 
-import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -31,7 +30,6 @@ KV_PRICES = "ferry_prices"
 
 SCHEDULER_CMD = "ferry.cmd.scheduler"
 NODE_EVENTS = "ferry.evt.node.>"
-JOB_EVENTS = "ferry.evt.job.>"
 
 NodeService = Literal["checkpointer", "migrator"]
 
@@ -194,13 +192,3 @@ def decode(model: type[M], data: bytes) -> M:
         return model.model_validate_json(data)
     except ValidationError as exc:
         raise WireError(f"malformed {model.__name__}: {exc.errors()[0]['msg']}") from exc
-
-
-def decode_json(data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise WireError(f"malformed JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise WireError("malformed JSON: expected an object")
-    return value

@@ -27,7 +27,7 @@ from ferry.common.service import service_main
 from ferry.common.tracing import tracer
 from ferry.criu.errors import CriuError, LaunchFailed
 from ferry.criu.images import find_page_maps
-from ferry.criu.jobdir import JobDir
+from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch
 from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
 from ferry.gpu.compat import snapshot_of
@@ -81,7 +81,7 @@ class Checkpointer(NodeService):
 
     async def run(self) -> None:
         assert self.bus is not None
-        await self.bus.serve(wire.logs_subject(self.node_id), self.on_logs)
+        await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
         await asyncio.gather(
             self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
                              subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
@@ -93,13 +93,14 @@ class Checkpointer(NodeService):
 
     # ---- node record -----------------------------------------------------------------------
 
-    def running_jobs(self) -> list[str]:
-        out = []
+    def running_jobs(self) -> dict[str, ShimInfo]:
+        """The jobs whose workload runs on this node now, with their shims' records."""
+        out = {}
         for d in sorted(self.jobs_dir.iterdir()):
             jd = JobDir(d)
             shim = jd.read_shim()
             if shim and jd.read_exit() is None and alive(shim.pid):
-                out.append(d.name)
+                out[d.name] = shim
         return out
 
     def make_gpu_monitor(self) -> GpuMonitor:
@@ -115,9 +116,12 @@ class Checkpointer(NodeService):
         return [GpuInfo(index=i, uuid=f"GPU-sim-{self.node_id}-{i}", model=self.spec.gpu_model,
                         memory_total=self.spec.gpu_memory) for i in range(self.spec.gpus)]
 
-    async def beat(self) -> None:
-        """Writes this node's record (compare-and-set: the scheduler and health write its state too)."""
+    async def beat(self, local: dict[str, ShimInfo] | None = None) -> None:
+        """Writes this node's record (compare-and-set: the scheduler and health write its state too).
+        `local`: the running jobs, when the caller has just read them."""
         assert self.bus is not None
+        if local is None:
+            local = self.running_jobs()
         try:
             self.gpu_report = await asyncio.to_thread(self.gpu_monitor.sample)
         except Exception as exc:  # the monitor reports driver trouble itself; anything else is a bug to log
@@ -126,7 +130,7 @@ class Checkpointer(NodeService):
         node = Node(id=self.node_id, state=NodeState.READY, criu_ok=st.ok, criu_version=st.version,
                     criu_error=st.error, lazy_pages=st.lazy_pages, cpus=spec.cpus, memory_bytes=spec.memory,
                     gpus=len(gpus), labels=spec.labels(), price_per_hour=spec.price_per_hour, spot=spec.spot,
-                    jobs=self.running_jobs(), address=str(self.work_dir), notice_deadline=self.notice_deadline,
+                    jobs=list(local), address=str(self.work_dir), notice_deadline=self.notice_deadline,
                     gpu_list=[g.model_dump() for g in gpus], gpu_driver=inv.driver_version, gpu_error=inv.error,
                     gpu_conditions=[f"{c.kind} on GPU {c.gpu_index if c.gpu_index is not None else '-'}: {c.detail}"
                                     for c in self.gpu_report.conditions])
@@ -147,21 +151,21 @@ class Checkpointer(NodeService):
     async def heartbeat_loop(self) -> None:
         while not self.stopping.is_set():
             try:
-                await self.beat()
-                await self.fence()
+                local = self.running_jobs()  # read once for both
+                await self.beat(local)
+                await self.fence(local)
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_interval_s)
 
-    async def fence(self) -> None:
+    async def fence(self, local: dict[str, ShimInfo]) -> None:
         """Kills local copies the scheduler no longer counts on (the job moved on while this node
         was cut off, say), so that a job never runs twice."""
         assert self.bus is not None
-        for job_id in self.running_jobs():
+        for job_id, shim in local.items():
             job = await self.bus.jobs.get(job_id)
-            shim = self.job_dir(job_id).read_shim()
-            if job is None or shim is None:
+            if job is None:
                 continue
             # the incarnation is the fencing token: any start elsewhere bumped it
             if job.state in TERMINAL_STATES or job.incarnation != shim.incarnation:
