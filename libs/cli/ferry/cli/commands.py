@@ -231,18 +231,26 @@ def cmd_events(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+_ENDED = frozenset({"preempted", "succeeded", "failed", "killed"})
+_SETTLED = _ENDED | {"running"}
+
+
 def cmd_drain(client: Client, args: argparse.Namespace) -> int:
     timeout = parse_duration(args.timeout)
+    # the jobs this drain moves: it is done when each runs elsewhere, is parked or has ended
+    before = client.call(client.stub.ListJobs, pb.ListJobsRequest()).jobs
+    moving = {j.name for j in before if j.node == args.node and j.state not in _ENDED}
     node = client.call(client.stub.DrainNode, pb.DrainNodeRequest(node=args.node))
     deadline = time.monotonic() + timeout
     left: list[Any] = []
     while not args.no_wait:
         jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest()).jobs
-        left = [j for j in jobs if j.node == args.node and j.state != "preempted"]
+        left = [j for j in jobs if (j.node == args.node and j.state != "preempted")
+                or (j.name in moving and j.state not in _SETTLED)]
         if not left:
             break
         if time.monotonic() > deadline:
-            raise ApiError(f"{args.node} still has {len(left)} job(s) after {timeout:.0f}s: "
+            raise ApiError(f"{args.node}: {len(left)} job(s) not yet moved after {timeout:.0f}s: "
                            + ", ".join(f"{j.name} ({j.state})" for j in left))
         time.sleep(0.5)
     jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest()).jobs
