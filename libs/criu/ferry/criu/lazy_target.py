@@ -1,0 +1,141 @@
+"""The target half of a post-copy move: restore at once, take the memory from the source's page server.
+
+    tgt = LazyTarget(job_dir, images, incarnation=K, inherit=...)
+    await tgt.arm()                         # Python and the shim loaded, before the source freezes
+    ...                                     # the images arrive in ``images``, the outputs in job_dir
+    shim = await tgt.start(address, port)   # the workload runs here (its pages still arriving)
+    await tgt.wait_local()                  # every page is here; LiveMoveFailed when the transfer failed
+    await tgt.kill()                        # undo: the target copy is gone (the source must resume)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from ferry.criu.binary import SETUP_HINT, find_criu
+from ferry.criu.errors import RestoreFailed
+from ferry.criu.jobdir import JobDir, ShimInfo
+from ferry.criu.launch import DEFAULT_TIMEOUT_S
+from ferry.criu.lazy_common import (
+    END_TIMEOUT_S,
+    LAZY_LOG,
+    LAZY_SOCKET,
+    CriuProcess,
+    LiveMoveFailed,
+    transferred_pages,
+)
+from ferry.criu.lazy_shim import ArmedRestore
+from ferry.criu.progress import FirstWrite
+from ferry.criu.runner import kill_tree
+
+__all__ = ["LazyTarget"]
+
+log = logging.getLogger("ferry.criu.lazy")
+
+
+class LazyTarget:
+    """Restores ``images`` into ``job_dir`` with lazy pages served from the source's page server.
+
+    ``inherit``: as for ``ferry.criu.launch.restore`` (the source's output paths, which the
+    workload's open files name). Timings are kept in ``lazy_start_ms``, ``restore_ms`` (daemon start
+    plus restore), ``running_at``, ``local_at`` and ``first_write_at`` (wall clock)."""
+
+    def __init__(
+        self,
+        job_dir: JobDir,
+        images: Path,
+        *,
+        incarnation: int,
+        inherit: Mapping[str, str],
+        criu_bin: str = "criu",
+        python: str = sys.executable,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        criu = find_criu(criu_bin)
+        if criu is None:
+            raise LiveMoveFailed(f"criu binary {criu_bin!r} not found: {SETUP_HINT}", source_running=True)
+        self.criu = criu
+        self.job_dir = job_dir
+        self.images = Path(images).absolute()
+        self.timeout_s = timeout_s
+        self.lazy = CriuProcess("criu lazy-pages", self.images / LAZY_LOG)
+        self.restore = ArmedRestore(job_dir, self.images, inherit=inherit, incarnation=incarnation,
+                                    criu_args=["--lazy-pages", *extra_args], criu_bin=criu, python=python)
+        self.shim: ShimInfo | None = None
+        self.watch: FirstWrite | None = None
+        self.lazy_start_ms = 0.0
+        self.restore_ms = 0.0
+        self.running_at: float | None = None
+        self.local_at: float | None = None
+
+    async def arm(self) -> None:
+        self.images.mkdir(parents=True, exist_ok=True)
+        await self.restore.arm(self.timeout_s)
+
+    async def start(self, address: str, port: int) -> ShimInfo:
+        """Start the lazy-pages daemon and restore; return once the workload runs here.
+
+        On failure whatever started is stopped again and the error raised (the source must resume)."""
+        t0 = time.monotonic()
+        argv = [self.criu, "lazy-pages", "--page-server", "--address", address, "--port", str(port)]
+        argv += ["-D", str(self.images), "-o", LAZY_LOG, "-v4"]
+        try:
+            if not await self.lazy.start(argv, self.timeout_s):
+                rc = await self.lazy.wait(END_TIMEOUT_S)
+                excerpt, reason = self.lazy.failure()
+                raise RestoreFailed(f"criu lazy-pages failed to start (exit {rc}): {reason}",
+                                    log_excerpt=excerpt, log_path=str(self.lazy.log_path))
+            self.lazy_start_ms = (time.monotonic() - t0) * 1000
+            self.watch = FirstWrite([self.job_dir.stdout, self.job_dir.stderr])
+            self.watch.start()
+            self.shim = await self.restore.go(self.timeout_s)
+            self.running_at = time.time()
+            self.restore_ms = (time.monotonic() - t0) * 1000
+            await self.restore.reap()
+        except BaseException:
+            await self.kill()
+            raise
+        return self.shim
+
+    async def wait_local(self, timeout_s: float | None = 600.0) -> int | None:
+        """Wait until every page is here; return how many came lazily. LiveMoveFailed when the
+        transfer failed or outlasted ``timeout_s``: the target copy is then already killed.
+        ``close()`` after reading ``first_write_at``."""
+        try:
+            rc = await self.lazy.wait(timeout_s)
+        except TimeoutError:
+            await self.kill()
+            raise LiveMoveFailed(f"the memory did not reach the target within {timeout_s:.0f} s; "
+                                 f"see {self.lazy.log_path}", source_running=False, target_killed=True) from None
+        self.local_at = time.time()
+        if rc != 0:
+            excerpt, reason = self.lazy.failure()
+            await self.kill()
+            raise LiveMoveFailed(f"criu lazy-pages failed (exit {rc}) while the target ran: {reason}",
+                                 source_running=False, target_killed=True, log_excerpt=excerpt,
+                                 log_path=str(self.lazy.log_path))
+        return transferred_pages(self.lazy.log_path)
+
+    @property
+    def first_write_at(self) -> float | None:
+        return self.watch.at if self.watch is not None else None
+
+    async def kill(self) -> None:
+        """Undo: the starter, the restored tree and the daemon are gone when this returns."""
+        await self.restore.cancel()
+        if self.shim is not None:
+            log.warning("live move: killing the target (pid %d)", self.shim.pid)
+            await kill_tree(self.shim.pid, grace_s=0)
+        await self.lazy.kill()
+        self.close()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+        (self.images / LAZY_SOCKET).unlink(missing_ok=True)
+        self.lazy.close()
