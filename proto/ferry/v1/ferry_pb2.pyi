@@ -323,7 +323,7 @@ class Checkpoint(_message.Message):
     def __init__(self, id: _Optional[str] = ..., job: _Optional[str] = ..., job_name: _Optional[str] = ..., parent: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., created: _Optional[float] = ..., criu_version: _Optional[str] = ..., kernel: _Optional[str] = ..., bytes_logical: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., freeze_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., upload_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., manifest_key: _Optional[str] = ..., error: _Optional[str] = ..., log_excerpt: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ..., gpu_bytes: _Optional[int] = ..., gpu_lock_ms: _Optional[float] = ..., gpu_checkpoint_ms: _Optional[float] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address", "price_per_hour", "spot", "gpus", "preemptions", "notice_deadline", "gpu_list", "gpu_driver", "gpu_error", "gpu_conditions")
+    __slots__ = ("id", "state", "criu_ok", "criu_version", "criu_error", "lazy_pages", "heartbeat", "cpus", "memory_bytes", "labels", "jobs", "address", "price_per_hour", "spot", "gpus", "preemptions", "notice_deadline", "gpu_list", "gpu_driver", "gpu_error", "gpu_conditions", "lazy_pages_error")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +352,7 @@ class Node(_message.Message):
     GPU_DRIVER_FIELD_NUMBER: _ClassVar[int]
     GPU_ERROR_FIELD_NUMBER: _ClassVar[int]
     GPU_CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    LAZY_PAGES_ERROR_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     criu_ok: bool
@@ -373,7 +374,8 @@ class Node(_message.Message):
     gpu_driver: str
     gpu_error: str
     gpu_conditions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., spot: _Optional[bool] = ..., gpus: _Optional[int] = ..., preemptions: _Optional[int] = ..., notice_deadline: _Optional[float] = ..., gpu_list: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpu_driver: _Optional[str] = ..., gpu_error: _Optional[str] = ..., gpu_conditions: _Optional[_Iterable[str]] = ...) -> None: ...
+    lazy_pages_error: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., criu_ok: _Optional[bool] = ..., criu_version: _Optional[str] = ..., criu_error: _Optional[str] = ..., lazy_pages: _Optional[bool] = ..., heartbeat: _Optional[float] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., jobs: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., spot: _Optional[bool] = ..., gpus: _Optional[int] = ..., preemptions: _Optional[int] = ..., notice_deadline: _Optional[float] = ..., gpu_list: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpu_driver: _Optional[str] = ..., gpu_error: _Optional[str] = ..., gpu_conditions: _Optional[_Iterable[str]] = ..., lazy_pages_error: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_total", "memory_used", "utilization_pct", "temperature_c", "power_w", "ecc_uncorrected", "ecc_corrected", "throttle_reasons", "xid_events", "healthy", "problems", "lost", "pci_bus_id")
@@ -430,7 +432,7 @@ class Event(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., job: _Optional[str] = ..., node: _Optional[str] = ..., time: _Optional[float] = ..., message: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...
 
 class OpUpdate(_message.Message):
-    __slots__ = ("op", "phase", "done_bytes", "total_bytes", "done", "error", "error_code", "checkpoint", "job", "restore_ms", "total_ms")
+    __slots__ = ("op", "phase", "done_bytes", "total_bytes", "done", "error", "error_code", "checkpoint", "job", "restore_ms", "total_ms", "result_json")
     OP_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +444,7 @@ class OpUpdate(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
     op: str
     phase: str
     done_bytes: int
@@ -453,4 +456,5 @@ class OpUpdate(_message.Message):
     job: Job
     restore_ms: float
     total_ms: float
-    def __init__(self, op: _Optional[str] = ..., phase: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+    result_json: str
+    def __init__(self, op: _Optional[str] = ..., phase: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., result_json: _Optional[str] = ...) -> None: ...

@@ -134,7 +134,20 @@ def cmd_restore(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
     req = pb.MigrateRequest(job=args.job, to=args.to, live=args.live)
-    return _moved(args, _follow_op(client, args, client.stub.Migrate, req, f"migrate {args.job}"), "runs")
+    final = _follow_op(client, args, client.stub.Migrate, req, f"migrate {args.job}" + (" (live)" if args.live else ""))
+    if not args.live:
+        return _moved(args, final, "runs")
+    result = json.loads(final.result_json or "{}")
+    if _json(args):
+        print_json(result)
+        return 0
+    def ms(key: str) -> str:
+        return f"{result[key]:.0f} ms" if result.get(key) is not None else "-"
+    print(f"{args.job} runs on {result.get('to')} ({result.get('mode')}): downtime {ms('downtime_ms')} "
+          f"(freeze {ms('freeze_ms')}, restore {ms('restore_ms')}), degraded {ms('degraded_ms')}; "
+          f"{result.get('rounds')} pre-copy round(s) shipped {size(int(result.get('bytes_precopy') or 0))}, "
+          f"the freeze {size(int(result.get('bytes_final') or 0))}; {ms('total_ms')} in all")
+    return 0
 
 
 def cmd_ps(client: Client, args: argparse.Namespace) -> int:
@@ -292,7 +305,8 @@ def cmd_prices(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_chaos(client: Client, args: argparse.Namespace) -> int:
     in_s = parse_duration(args.in_) if args.chaos == "spot-notice" else 0.0
-    reply = client.call(client.stub.Chaos, pb.ChaosRequest(kind=args.chaos, node=args.node, in_s=in_s))
+    kind = f"fail-live-{args.phase}" if args.chaos == "fail-live" else args.chaos
+    reply = client.call(client.stub.Chaos, pb.ChaosRequest(kind=kind, node=getattr(args, "node", ""), in_s=in_s))
     if _json(args):
         print_json(to_dict(reply))
     else:

@@ -13,6 +13,7 @@ from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.common.errors import FerryError
+from ferry.common.faults import LIVE_PHASES
 
 EPILOG = """examples:
   ferry up --nodes 2 --data-dir /tmp/f --grpc 127.0.0.1:7070
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("migrate", "move a running job to another node (checkpoint --stop, then restore there)")
     p.add_argument("job")
     p.add_argument("--to", required=True, help="target node")
-    p.add_argument("--live", action="store_true", help="near-live move (not available yet)")
+    p.add_argument("--live", action="store_true", help="near-live move: a pre-copy checkpoint while it runs, a "
+                   "short freeze, then the target runs at once and its memory follows (CRIU post-copy)")
 
     p = add("ps", "list jobs (running and stopped; -a adds finished ones)")
     p.add_argument("-a", "--all", action="store_true")
@@ -121,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "dies at the deadline", parents=[common])
     c.add_argument("node")
     c.add_argument("--in", dest="in_", metavar="DURATION", default="120s", help="time until the node dies")
+    c = chaos.add_parser("fail-live", help="make the next live move fail in one phase (to see it recover)",
+                         parents=[common])
+    c.add_argument("phase", choices=LIVE_PHASES, help="round: a pre-copy checkpoint; freeze: the final dump; "
+                   "restore: the target's restore; postcopy: the memory transfer after the target ran")
 
     add_simulate_parser(sub, common)
 

@@ -94,6 +94,7 @@ class Node(Record):
     criu_version: str | None = None
     criu_error: str | None = None
     lazy_pages: bool = False
+    lazy_pages_error: str | None = None  # why it cannot do post-copy
     heartbeat: float = Field(default_factory=now)
     started: float = Field(default_factory=now)
     cpus: int = 0
@@ -171,6 +172,7 @@ class Op(Record):
     restore_ms: float | None = None
     total_ms: float | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] = Field(default_factory=dict)  # what a live move measured
 
     @property
     def finished(self) -> bool:

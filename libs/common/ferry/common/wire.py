@@ -10,7 +10,7 @@ Subjects (all under `ferry.`):
 """
 
 import re
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -109,7 +109,8 @@ class SchedulerCommand(Record):
     live: bool = False
 
 
-NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore"]
+NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore",
+                          "live_freeze", "live_restore", "live_end", "live_resume"]
 
 
 class NodeCommand(Record):
@@ -122,6 +123,7 @@ class NodeCommand(Record):
     parent: str | None = None
     stop: bool = False
     grace_s: float = 5.0
+    data: dict[str, Any] = Field(default_factory=dict)  # live moves: the page server, images, incarnations
 
 
 NodeEventKind = Literal[
@@ -133,6 +135,12 @@ NodeEventKind = Literal[
     "checkpoint_failed",
     "restored",
     "restore_failed",
+    "live_frozen",  # the source is frozen and its page server listens: restore on the target
+    "live_freeze_failed",  # the source runs on
+    "live_local",  # every page reached the target: end the source
+    "live_lost",  # the target failed after it ran: it is killed; the source must resume
+    "live_resumed",  # the source runs again after a failed live move
+    "live_resume_failed",  # the source is gone: restore from the last committed checkpoint
 ]
 
 
@@ -154,6 +162,7 @@ class NodeEvent(Record):
     restore_ms: float | None = None
     deadline: float | None = None  # notice: when the node goes away
     deleted_checkpoints: list[str] = Field(default_factory=list)  # removed by the retention policy
+    data: dict[str, Any] = Field(default_factory=dict)  # live moves: measurements and where to connect
 
 
 class Progress(Record):

@@ -1,15 +1,17 @@
 """Fault injection for the all-in-one mode (`ferry chaos`): the API asks `ferry up`, through files
 in <data-dir>/chaos/, to crash a simulated node, and arms that node's simulated metadata endpoint
-for a spot interruption notice. Real clusters have no such thing: the call is refused there."""
+for a spot interruption notice, or makes the next live move fail in a chosen phase. Real clusters
+have no such thing: the call is refused there."""
 
 import json
 import time
 from pathlib import Path
 
 from ferry.common.errors import ConflictError, UsageError
+from ferry.common.faults import LIVE_PHASES, arm_live_fault
 from ferry.health.metadata_server import send_notice
 
-KINDS = ("kill-node", "spot-notice")
+KINDS = ("kill-node", "spot-notice", *(f"fail-live-{p}" for p in LIVE_PHASES))
 
 
 def up_state(data_dir: Path) -> dict[str, object]:
@@ -32,6 +34,10 @@ async def inject(data_dir: Path, kind: str, node: str, in_s: float) -> tuple[flo
     if kind not in KINDS:
         raise UsageError(f"unknown chaos {kind!r}: use {' or '.join(KINDS)}")
     state = up_state(data_dir)
+    if kind.startswith("fail-live-"):
+        phase = kind.removeprefix("fail-live-")
+        arm_live_fault(data_dir, phase)
+        return time.time(), f"the next live move fails in its {phase} phase"
     if node not in list(state.get("nodes", [])):  # type: ignore[call-overload]
         raise ConflictError(f"{node} is not a simulated node of this `ferry up`")
     if kind == "kill-node":

@@ -39,6 +39,7 @@ def node_to_pb(n: Node) -> pb.Node:
         price_per_hour=n.price_per_hour, spot=n.spot, gpus=n.gpus, preemptions=n.preemptions,
         notice_deadline=n.notice_deadline or 0.0, gpu_list=[gpu_to_pb(g) for g in n.gpu_list],
         gpu_driver=n.gpu_driver or "", gpu_error=n.gpu_error or "", gpu_conditions=n.gpu_conditions,
+        lazy_pages_error=n.lazy_pages_error or "",
     )
 
 
@@ -70,4 +71,6 @@ def op_to_update(op: Op) -> pb.OpUpdate:
                          error_code=op.error_code, total_ms=op.total_ms or 0.0)
     if op.restore_ms is not None:
         update.restore_ms = op.restore_ms
+    if op.result:
+        update.result_json = json.dumps(op.result)
     return update

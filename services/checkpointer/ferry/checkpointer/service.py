@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from ferry.checkpointer.live import LiveSource
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
@@ -25,10 +26,11 @@ from ferry.common.errors import ConfigError, FerryError
 from ferry.common.models import TERMINAL_STATES, CheckpointRecord, Node, NodeState
 from ferry.common.service import service_main
 from ferry.common.tracing import tracer
-from ferry.criu.errors import CriuError, LaunchFailed
+from ferry.criu.errors import CriuError, DumpFailed, LaunchFailed
 from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch
+from ferry.criu.lazy_common import ensure_pipe_limits
 from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
 from ferry.gpu.compat import snapshot_of
 from ferry.gpu.cuda_checkpoint import (
@@ -56,7 +58,7 @@ LOGS_DIR = "ferry-logs"
 META_FILE = "ferry.json"
 
 
-class Checkpointer(NodeService):
+class Checkpointer(LiveSource, NodeService):
     """Runs, supervises and checkpoints the workloads of one node."""
 
     name = "checkpointer"
@@ -64,7 +66,10 @@ class Checkpointer(NodeService):
     async def start(self) -> None:
         await super().start()
         self.criu = CriuRunner(self.settings.criu_bin)
+        # post-copy (live moves) needs bigger pipes than the kernel's default allows
+        self.lazy_pages_problem = await asyncio.to_thread(ensure_pipe_limits)
         self.criu_status = await asyncio.to_thread(self.criu.check)
+        self.recover_live_moves()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
         self.known_chunks: dict[str, set[str]] = {}
@@ -128,7 +133,8 @@ class Checkpointer(NodeService):
             log.warning("GPU sample failed: %s", exc)
         st, spec, gpus, inv = self.criu_status, self.spec, self.gpus(), self.gpu_report.inventory
         node = Node(id=self.node_id, state=NodeState.READY, criu_ok=st.ok, criu_version=st.version,
-                    criu_error=st.error, lazy_pages=st.lazy_pages, cpus=spec.cpus, memory_bytes=spec.memory,
+                    criu_error=st.error, lazy_pages=st.lazy_pages and not self.lazy_pages_problem,
+                    lazy_pages_error=self.lazy_pages_error(), cpus=spec.cpus, memory_bytes=spec.memory,
                     gpus=len(gpus), labels=spec.labels(), price_per_hour=spec.price_per_hour, spot=spec.spot,
                     jobs=list(local), address=str(self.work_dir), notice_deadline=self.notice_deadline,
                     gpu_list=[g.model_dump() for g in gpus], gpu_driver=inv.driver_version, gpu_error=inv.error,
@@ -148,6 +154,16 @@ class Checkpointer(NodeService):
         with contextlib.suppress(CasConflict):  # someone else wrote it meanwhile: next beat
             await self.bus.nodes.update(self.node_id, node, rev)
 
+    def lazy_pages_error(self) -> str | None:
+        st = self.criu_status
+        if not st.ok:
+            return st.error
+        if self.lazy_pages_problem:
+            return self.lazy_pages_problem
+        if not st.lazy_pages:
+            return "`criu check --feature uffd-noncoop` fails: this kernel cannot serve memory lazily"
+        return None
+
     async def heartbeat_loop(self) -> None:
         while not self.stopping.is_set():
             try:
@@ -165,8 +181,8 @@ class Checkpointer(NodeService):
         assert self.bus is not None
         for job_id, shim in local.items():
             job = await self.bus.jobs.get(job_id)
-            if job is None:
-                continue
+            if job is None or self.in_live_move(job, JobDir(self.jobs_dir / job_id)):
+                continue  # a live move's frozen source waits for the target's last page
             # the incarnation is the fencing token: any start elsewhere bumped it
             if job.state in TERMINAL_STATES or job.incarnation != shim.incarnation:
                 log.warning("killing stale copy of %s (incarnation %s; the job is at %s/%s)", job.name,
@@ -244,7 +260,8 @@ class Checkpointer(NodeService):
     # ---- commands --------------------------------------------------------------------------
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
-        return {"launch": self.launch, "kill": self.kill, "checkpoint": self.checkpoint}
+        return {"launch": self.launch, "kill": self.kill, "checkpoint": self.checkpoint,
+                "live_freeze": self.live_freeze, "live_end": self.live_end, "live_resume": self.live_resume}
 
     async def launch(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)
@@ -342,6 +359,8 @@ class Checkpointer(NodeService):
                                record: CheckpointRecord, stop_marker: Path) -> None:
         job = cmd.job
         assert cmd.checkpoint
+        if cmd.data.get("fail") == "round":  # fault injection (tests): a pre-copy round's dump fails
+            raise DumpFailed(f"injected failure during the pre-copy round {cmd.checkpoint}")
         if cmd.stop:
             stop_marker.touch()
         gpu: tuple[CudaCheckpointer, GpuDumpStats] | None = None

@@ -21,6 +21,7 @@ from ferry.gpu.compat import check_restore_target, device_map
 from ferry.gpu.cuda_checkpoint import default_checkpointer, resume_after_restore
 from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuInfo, GpuSnapshot
+from ferry.migrator.live import LiveTarget
 from ferry.node.base import NodeService
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
@@ -32,10 +33,14 @@ LOGS_DIR = "ferry-logs"
 META_FILE = "ferry.json"
 
 
-class Migrator(NodeService):
+class Migrator(LiveTarget, NodeService):
     """Restores checkpoints onto this node."""
 
     name = "migrator"
+
+    async def start(self) -> None:
+        await super().start()
+        self.live_tasks = set()
 
     async def run(self) -> None:
         assert self.bus is not None
@@ -44,7 +49,7 @@ class Migrator(NodeService):
                                handler=self.on_command, concurrency=2, ack_wait=60, stop=self.stopping)
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
-        return {"restore": self.restore}
+        return {"restore": self.restore, "live_restore": self.live_restore}
 
     async def restore(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)

@@ -35,6 +35,9 @@ class ControlLoop:
     async def _send_restore(self, job: Job, op: Op) -> None:
         raise NotImplementedError
 
+    async def begin_move(self, job: Job, op: Op, source: Node, target: str) -> None:
+        raise NotImplementedError
+
     async def tick(self) -> None:
         """Everything driven by state and time rather than by one message, so that a restarted
         scheduler simply carries on: failover, evacuation, parked jobs coming back, placement of
@@ -115,7 +118,10 @@ class ControlLoop:
         await self.state.emit(Event(kind="evacuating", job=job.id, node=node.id,
                                     message=f"{node.id} is {node.state}: " + (f"moving to {target}" if target
                                                                               else "parking (no capacity)")))
-        await self.checkpoint(job, op, stop=True, resumed=True)
+        if target is None:
+            await self.checkpoint(job, op, stop=True, resumed=True)
+        else:
+            await self.begin_move(job, op, node, target)
 
     async def make_room(self, job: Job, exclude: str) -> bool:
         """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
@@ -189,7 +195,7 @@ class ControlLoop:
         await self.state.save_op(op)
         await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
                                     message=f"to {best.id}: {decision.reason}"))
-        await self.checkpoint(job, op, stop=True, resumed=True)
+        await self.begin_move(job, op, node, best.id)
 
     async def set_node_state(self, node_id: str, state: NodeState, **fields: object) -> Node:
         """Compare-and-set of a node's state (its own heartbeat writes the record too)."""

@@ -31,6 +31,7 @@ from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.scheduler import policy
 from ferry.scheduler.control import ControlLoop
+from ferry.scheduler.live import LiveMoves, live_result
 from ferry.scheduler.state import ClusterState
 from ferry.scheduler.views import gpu_assignments, job_view, node_views
 
@@ -43,7 +44,7 @@ def derived_id(prefix: str, op_id: str) -> str:
     return f"{prefix}-{op_id.split('-', 1)[-1]}"
 
 
-class Scheduler(ControlLoop, Service):
+class Scheduler(LiveMoves, ControlLoop, Service):
     """Places jobs, checkpoints them on schedule, restores and moves them."""
 
     name = "scheduler"
@@ -64,7 +65,9 @@ class Scheduler(ControlLoop, Service):
             if op is None or op.finished or not job.node:
                 continue
             log.info("resuming %s of %s (phase %s)", op.kind, job.name, op.phase or "-")
-            if op.phase == "restore":
+            if op.args.get("live") and op.phase in ("precopy", "freeze", "switch", "resume"):
+                await self.resume_live(job, op)
+            elif op.phase == "restore":
                 await self._send_restore(job, op)
             elif op.phase == "checkpoint":
                 await self.send_node(job, "checkpointer", wire.NodeCommand(
@@ -268,8 +271,12 @@ class Scheduler(ControlLoop, Service):
 
     async def migrate(self, job: Job, op: Op, *, to: str | None, live: bool, resumed: bool) -> None:
         if resumed:
-            if op.phase == "restore":
+            if op.args.get("live") and op.phase in ("precopy", "freeze", "switch", "resume"):
+                await self.resume_live(job, op)
+            elif op.phase == "restore":
                 await self._send_restore(job, op)
+            elif op.phase in ("postcopy",):
+                return
             else:
                 await self.checkpoint(job, op, stop=True, resumed=True)
             return
@@ -283,7 +290,9 @@ class Scheduler(ControlLoop, Service):
         if target == job.node:
             raise ConflictError(f"job {job.name} runs on {target} already")
         if live:
-            raise ConflictError("live migration is not available yet; drop --live for a cold move")
+            self.refuse_live(job)
+            await self.start_live(job, op, target)
+            return
         op.args.update({"target": target, "source": job.node})
         await self.checkpoint(job, op, stop=True, resumed=True)
 
@@ -332,6 +341,12 @@ class Scheduler(ControlLoop, Service):
                     "exited": self.on_exited,
                     "restored": self.on_restored,
                     "restore_failed": self.on_restore_failed,
+                    "live_frozen": self.on_live_frozen,
+                    "live_freeze_failed": self.on_live_freeze_failed,
+                    "live_local": self.on_live_local,
+                    "live_lost": self.on_live_lost,
+                    "live_resumed": self.on_live_resumed,
+                    "live_resume_failed": self.on_live_resume_failed,
                 }.get(ev.kind)
                 if handler is not None:
                     await handler(job, ev)
@@ -394,7 +409,12 @@ class Scheduler(ControlLoop, Service):
                 await self.state.save_job(job)
                 return
             assert op is not None
+            if op.kind == OpKind.MIGRATE and op.args.get("live") and op.phase == "precopy":
+                await self.on_live_round(job, op, record)
+                return
             if op.kind == OpKind.MIGRATE:
+                if op.args.get("live"):
+                    op.args["final_bytes"], op.args["final_freeze_ms"] = record.bytes_uploaded, record.freeze_ms
                 op.phase = "restore"
                 op.args["checkpoint_ms"] = record.total_ms
                 await self.state.save_op(op)
@@ -426,6 +446,10 @@ class Scheduler(ControlLoop, Service):
     async def on_restored(self, job: Job, ev: wire.NodeEvent) -> None:
         if job.state not in (JobState.RESTORING, JobState.MIGRATING):
             return
+        live_op = await self.state.op(job.op) if job.op else None
+        if live_op is not None and live_op.args.get("live") and live_op.phase == "switch":
+            await self.on_live_restored(job, live_op, ev)
+            return
         job.state, job.node, job.error, job.reason, job.parked_by = JobState.RUNNING, ev.node, None, None, None
         job.moving_to = None
         job.restarts += 1
@@ -436,10 +460,19 @@ class Scheduler(ControlLoop, Service):
         self._schedule_next_checkpoint(job)
         op_id, job.op = job.op, None
         await self.state.save_job(job, "restored", f"on {ev.node} (pid {ev.pid})")
+        if op is not None and op.args.get("live"):
+            fallback = op.args.get("fallback_error")
+            await self.state.finish_op(op_id, restore_ms=ev.restore_ms, result=live_result(job, op),
+                                       error=(f"live move failed: {fallback}; restored from {op.checkpoint} "
+                                              f"on {ev.node}" if fallback else None))
+            return
         await self.state.finish_op(op_id, restore_ms=ev.restore_ms)
 
     async def on_restore_failed(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(job.op) if job.op else None
+        if op is not None and op.args.get("live") and op.phase == "switch":
+            await self.on_live_target_failed(job, op, ev.error or "the live restore failed")
+            return
         source = str(op.args.get("source", "")) if op else ""
         if op and op.kind == OpKind.MIGRATE and source and source != ev.node and not op.args.get("rolled_back"):
             op.args["rolled_back"] = True
@@ -458,6 +491,11 @@ class Scheduler(ControlLoop, Service):
         if op and op.args.get("rolled_back"):
             error = f"{op.args.get('target_error')}; rolling back to {source} failed too: {error}"
         await self.state.finish_op(op_id, error=error, error_code=ev.error_code)
+
+    async def on_live_lost(self, job: Job, ev: wire.NodeEvent) -> None:
+        op = await self.state.op(job.op) if job.op else None
+        if op is not None and op.args.get("live") and op.phase == "postcopy" and ev.op == op.id:
+            await self.on_live_target_failed(job, op, ev.error or "the target lost its memory source")
 
     # ---- time-driven work ------------------------------------------------------------------
 

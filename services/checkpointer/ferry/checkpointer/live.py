@@ -1,0 +1,184 @@
+"""The source half of a live move, as node commands of the checkpointer.
+
+    live_freeze   criu dump --lazy-pages: the tree freezes, everything but its memory goes to the
+                  store (a manifest of job ``<id>.live``), the page server listens; reports
+                  live_frozen (or live_freeze_failed: the tree runs on)
+    live_end      every page is on the target: the frozen tree is killed
+    live_resume   the target failed: the frozen tree runs on (live_resumed), or, when it is gone,
+                  live_resume_failed (the scheduler restores from the last committed checkpoint)
+
+While a move is in flight the job directory holds ``live.json`` (the op, the frozen pids): the
+fence leaves such a copy alone while the job's op is still that move, and a checkpointer that
+restarts in the middle resumes the tree (if the move went on without it, the fence kills it).
+"""
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from ferry.common import wire
+from ferry.common.models import Job
+from ferry.criu.errors import CriuError
+from ferry.criu.jobdir import JobDir
+from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
+from ferry.criu.lazy_source import LazySource
+from ferry.node.base import NodeService
+from ferry.node.procs import alive, signal_tree
+from ferry.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+LIVE_MARKER = "live.json"
+LOGS_DIR = "ferry-logs"
+
+
+def live_store_job(job_id: str) -> str:
+    """The store's job under which a live move's images (all but memory) travel."""
+    return f"{job_id}.live"
+
+
+class LiveMarker(BaseModel):
+    op: str
+    incarnation: int
+    stopped: list[int] = []
+
+
+class LiveSource(NodeService):
+    """Mixed into the checkpointer."""
+
+    live: dict[str, LazySource]
+
+    def live_marker(self, jd: JobDir) -> LiveMarker | None:
+        try:
+            return LiveMarker.model_validate_json((jd.path / LIVE_MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def recover_live_moves(self) -> None:
+        """After a restart: a tree a lost live move left frozen runs on (the fence judges it)."""
+        self.live = {}
+        for d in sorted(self.jobs_dir.iterdir()):
+            jd = JobDir(d)
+            marker = self.live_marker(jd)
+            if marker is None:
+                continue
+            log.warning("resuming %s, left frozen by live move %s before a restart", d.name, marker.op)
+            signal_all(marker.stopped, signal.SIGCONT)
+            (d / LIVE_MARKER).unlink(missing_ok=True)
+
+    def in_live_move(self, job: Job, jd: JobDir) -> bool:
+        """Whether the local copy is the source of the live move `job` is in now (the fence spares it)."""
+        marker = self.live_marker(jd)
+        return marker is not None and job.op == marker.op
+
+    async def live_freeze(self, cmd: wire.NodeCommand) -> None:
+        job, jd = cmd.job, self.job_dir(cmd.job.id)
+        assert cmd.checkpoint and cmd.op
+        shim = jd.read_shim()
+        if job.id in self.live:
+            return  # a redelivery: this freeze is under way or done (its event went out)
+        if shim is None or shim.incarnation != cmd.incarnation or jd.read_exit() is not None or not alive(shim.pid):
+            await self._freeze_failed(cmd, f"job {job.name} is not running on {self.node_id}")
+            return
+        images = self.scratch_dir / f"live-{job.id}-{cmd.checkpoint}"
+        shutil.rmtree(images, ignore_errors=True)
+        source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
+                            extra_args=tuple(cmd.data.get("criu_args", [])))
+        self.live[job.id] = source
+        try:
+            if cmd.data.get("fail") == "freeze":  # fault injection (tests): as if CRIU's dump failed
+                raise LiveMoveFailed("injected failure during the final dump", source_running=True)
+            frozen = await source.freeze()
+        except LiveMoveFailed as exc:
+            self.live.pop(job.id, None)
+            if source.stopped:
+                await source.resume()
+            shutil.rmtree(images, ignore_errors=True)
+            await self._freeze_failed(cmd, f"the final dump on {self.node_id} failed: {exc}")
+            return
+        marker = LiveMarker(op=cmd.op, incarnation=cmd.incarnation, stopped=source.stopped)
+        (jd.path / LIVE_MARKER).write_text(marker.model_dump_json())
+        t0 = time.monotonic()
+        try:
+            uploaded = await asyncio.to_thread(self._upload_live_images, cmd, jd, images, frozen.sizes)
+        except (StoreError, OSError) as exc:
+            self.live.pop(job.id, None)
+            await source.resume()
+            (jd.path / LIVE_MARKER).unlink(missing_ok=True)
+            await self._freeze_failed(cmd, f"sending the final images from {self.node_id} failed: {exc}")
+            return
+        finally:
+            shutil.rmtree(images, ignore_errors=True)
+        data = frozen.model_dump() | {"bytes_final": uploaded, "upload_ms": (time.monotonic() - t0) * 1000,
+                                      "store_job": live_store_job(job.id), "images": cmd.checkpoint,
+                                      "source_pid": shim.pid, "stdout_path": str(jd.stdout),
+                                      "stderr_path": str(jd.stderr)}
+        await self.report(wire.NodeEvent(kind="live_frozen", node=self.node_id, job=job.id,
+                                         incarnation=cmd.incarnation, op=cmd.op, data=data))
+
+    def _upload_live_images(self, cmd: wire.NodeCommand, jd: JobDir, images: Path, sizes: dict[str, int]) -> int:
+        logs = images / LOGS_DIR
+        logs.mkdir()
+        for name, src in (("stdout", jd.stdout), ("stderr", jd.stderr)):
+            with open(src, "rb") as fin, open(logs / name, "wb") as fout:
+                fout.write(fin.read(sizes.get(str(src), src.stat().st_size)))
+        files = sorted(str(p.relative_to(images)) for p in images.rglob("*")
+                       if p.is_file() and p.name not in STAYS_BEHIND)
+        assert cmd.checkpoint
+        result = self.store.write_checkpoint(job=live_store_job(cmd.job.id), checkpoint=cmd.checkpoint, parent=None,
+                                             src_dir=images, files=files)
+        return result.bytes_logical
+
+    async def _freeze_failed(self, cmd: wire.NodeCommand, error: str) -> None:
+        log.warning("%s", error)
+        await self.report(wire.NodeEvent(kind="live_freeze_failed", node=self.node_id, job=cmd.job.id,
+                                         incarnation=cmd.incarnation, op=cmd.op, error=error))
+
+    async def live_end(self, cmd: wire.NodeCommand) -> None:
+        jd = self.job_dir(cmd.job.id)
+        (jd.path / f"stop-{cmd.incarnation}").touch()  # its exit is the move's, not the job's
+        source = self.live.pop(cmd.job.id, None)
+        try:
+            if source is not None:
+                await source.end()
+            else:
+                shim = jd.read_shim()
+                if shim is not None and shim.incarnation == cmd.incarnation and alive(shim.pid):
+                    signal_tree(shim.pid, signal.SIGKILL)
+        except (CriuError, OSError) as exc:
+            log.warning("ending the source of %s: %s", cmd.job.name, exc)
+        (jd.path / LIVE_MARKER).unlink(missing_ok=True)
+        if cmd.checkpoint:
+            with contextlib.suppress(StoreError):
+                await asyncio.to_thread(self.store.delete_checkpoint, live_store_job(cmd.job.id), cmd.checkpoint)
+
+    async def live_resume(self, cmd: wire.NodeCommand) -> None:
+        jd = self.job_dir(cmd.job.id)
+        source = self.live.pop(cmd.job.id, None)
+        shim = jd.read_shim()
+        running = False
+        if source is not None:
+            running = await source.resume()
+        elif shim is not None and shim.incarnation == cmd.incarnation and alive(shim.pid):
+            marker = self.live_marker(jd)
+            signal_all(marker.stopped if marker else [], signal.SIGCONT)
+            signal_tree(shim.pid, signal.SIGCONT)
+            running = True
+        (jd.path / LIVE_MARKER).unlink(missing_ok=True)
+        (jd.path / f"stop-{cmd.incarnation}").unlink(missing_ok=True)
+        if cmd.checkpoint:
+            with contextlib.suppress(StoreError):
+                await asyncio.to_thread(self.store.delete_checkpoint, live_store_job(cmd.job.id), cmd.checkpoint)
+        if running and shim is not None and jd.read_exit() is None:
+            await self.report(wire.NodeEvent(kind="live_resumed", node=self.node_id, job=cmd.job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))
+        else:
+            await self.report(wire.NodeEvent(kind="live_resume_failed", node=self.node_id, job=cmd.job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op,
+                                             error=f"the frozen source on {self.node_id} is gone"))

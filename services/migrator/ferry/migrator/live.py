@@ -1,0 +1,104 @@
+"""The target half of a live move, as a node command of the migrator.
+
+    live_restore  fetch the frozen source's images (all but memory) from the store, restore them
+                  at once with lazy pages from the source's page server, report ``restored``; then,
+                  in the background, wait until every page is here and report ``live_local`` with
+                  what was measured, or ``live_lost`` when the transfer failed (the copy here is
+                  killed first, so the job never runs twice).
+"""
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+
+from ferry.common import wire
+from ferry.criu.errors import CriuError
+from ferry.criu.lazy_common import LiveMoveFailed
+from ferry.criu.lazy_target import LazyTarget
+from ferry.node.base import NodeService
+from ferry.node.procs import alive
+from ferry.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+LOGS_DIR = "ferry-logs"
+FIRST_WRITE_WAIT_S = 5.0
+
+
+class LiveTarget(NodeService):
+    """Mixed into the migrator."""
+
+    live_tasks: set["asyncio.Task[None]"]
+
+    async def live_restore(self, cmd: wire.NodeCommand) -> None:
+        job, jd = cmd.job, self.job_dir(cmd.job.id)
+        shim = jd.read_shim()
+        if shim is not None and shim.incarnation == cmd.incarnation:
+            if jd.read_exit() is None and alive(shim.pid):  # a redelivery: it runs already
+                await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id,
+                                                 incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))
+            return
+        d = cmd.data
+        images = self.scratch_dir / f"live-{job.id}-{cmd.incarnation}"
+        shutil.rmtree(images, ignore_errors=True)
+        jd.path.mkdir(parents=True, exist_ok=True)
+        jd.clear_run_state()
+        t0 = time.monotonic()
+        target: LazyTarget | None = None
+        try:
+            manifest = await asyncio.to_thread(self.store.read_manifest, d["store_job"], d["images"])
+            images.mkdir(parents=True)
+            target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
+                                inherit={"stdout": d["stdout_path"], "stderr": d["stderr_path"]},
+                                extra_args=tuple(d.get("criu_args", [])))
+            # Python's start-up for the restore while the images come
+            await asyncio.gather(target.arm(), asyncio.to_thread(self.store.restore_files, manifest, images))
+            for name in ("stdout", "stderr"):
+                shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
+            fetch_ms = (time.monotonic() - t0) * 1000
+            if d.get("fail") == "restore":  # fault injection (tests): as if the restore failed
+                raise LiveMoveFailed("injected failure during the restore", source_running=True)
+            info = await target.start(str(d["address"]), int(d["port"]))
+        except (StoreError, CriuError, OSError, ValueError, KeyError, TimeoutError) as exc:
+            if target is not None:
+                await target.kill()
+            shutil.rmtree(images, ignore_errors=True)
+            error = f"live restore on {self.node_id} failed: {exc}"
+            log.warning("%s", error)
+            await self.report(wire.NodeEvent(kind="restore_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, error=error))
+            return
+        restore_ms = (time.monotonic() - t0) * 1000
+        await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id, incarnation=cmd.incarnation,
+                                         op=cmd.op, pid=info.pid, restore_ms=restore_ms,
+                                         data={"fetch_ms": fetch_ms, "restore_ms": target.restore_ms,
+                                               "lazy_start_ms": target.lazy_start_ms,
+                                               "running_at": target.running_at}))
+        task = asyncio.create_task(self._until_local(cmd, target, images))
+        self.live_tasks.add(task)
+        task.add_done_callback(self.live_tasks.discard)
+
+    async def _until_local(self, cmd: wire.NodeCommand, target: LazyTarget, images: object) -> None:
+        try:
+            try:
+                pages = await target.wait_local(self.settings.api_timeout_s * 5)
+            except LiveMoveFailed as exc:
+                await self.report(wire.NodeEvent(kind="live_lost", node=self.node_id, job=cmd.job.id,
+                                                 incarnation=cmd.incarnation, op=cmd.op,
+                                                 error=f"the memory stopped coming from the source: {exc}"))
+                return
+            if target.watch is not None and target.first_write_at is None:
+                # a job that writes rarely: give it a moment to show progress
+                await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
+            target.close()
+            assert target.running_at is not None and target.local_at is not None
+            data = {"pages_lazy": pages, "bytes_lazy": pages * 4096 if pages is not None else None,
+                    "degraded_ms": (target.local_at - target.running_at) * 1000, "local_at": target.local_at,
+                    "first_write_at": target.first_write_at}
+            await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, data=data))
+        finally:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(str(images), ignore_errors=True)
