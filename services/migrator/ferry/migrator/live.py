@@ -76,6 +76,8 @@ class LiveTarget(NodeService):
                                          data={"fetch_ms": fetch_ms, "restore_ms": target.restore_ms,
                                                "lazy_start_ms": target.lazy_start_ms,
                                                "running_at": target.running_at}))
+        if d.get("fail") == "postcopy":  # fault injection (tests): the memory stops coming midway
+            await target.lazy.kill()
         task = asyncio.create_task(self._until_local(cmd, target, images))
         self.live_tasks.add(task)
         task.add_done_callback(self.live_tasks.discard)

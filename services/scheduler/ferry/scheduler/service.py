@@ -370,6 +370,13 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         if ev.by_checkpoint or job.terminal:
             return
         code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
+        op = await self.state.op(job.op) if job.op else None
+        if op is not None and op.args.get("live") and op.phase in ("switch", "postcopy"):
+            if code != 0:  # a page that never came (it reads as zeros): the frozen source has them all
+                await self.on_live_target_failed(job, op, f"the target copy died (exit {code}) before all of "
+                                                          f"its memory arrived")
+                return
+            await self._end_source(job, op)  # it finished on the target: the frozen source is not needed
         job.exit_code = code
         if job.kill_requested:
             job.state = JobState.KILLED

@@ -1,0 +1,102 @@
+"""End to end: `ferry migrate --live` with real CRIU post-copy between the nodes of a real cluster.
+
+Each move is checked by what the workload prints (identical to an uninterrupted run) and by the
+processes on the machine (one running copy of the job, never two)."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, WORKLOADS, Cluster, reference_output, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.criu]
+
+
+def train(steps: int) -> list[str]:
+    return [PY, str(WORKLOADS / "train.py"), "--steps", str(steps), "--sleep", "0.02", "--width", "1024"]
+
+
+MEMHOG = [PY, str(WORKLOADS / "memhog.py"), "--mib", "64", "--dirty-pct", "5", "--interval", "0.05",
+          "--rounds", "80"]
+
+
+def copies(argv: list[str]) -> dict[int, str]:
+    """Processes on this machine running exactly `argv`, with their state (R, S, T...)."""
+    want = "\0".join(argv)
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").rstrip("\0")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if cmdline == want and state not in ("Z", "X"):
+            found[int(entry.name)] = state
+    return found
+
+
+def check_result(r: dict[str, object], name: str, src: str, dst: str) -> None:
+    assert r["job"] == name and r["from"] == src and r["to"] == dst and r["mode"] == "postcopy"
+    assert r["rounds"] == 1 and int(r["bytes_precopy"]) > 10 * 2**20  # type: ignore[call-overload]
+    assert 0 < int(r["bytes_final"]) < int(r["bytes_precopy"])  # type: ignore[call-overload]
+    for key in ("freeze_ms", "downtime_ms", "restore_ms", "degraded_ms", "total_ms"):
+        assert isinstance(r[key], float) and r[key] > 0, (key, r)
+    assert float(r["downtime_ms"]) < float(r["total_ms"])  # type: ignore[arg-type]
+
+
+def test_train_moved_live_there_and_back_prints_what_an_uninterrupted_run_prints(cluster: Cluster) -> None:
+    argv = train(220)
+    want = reference_output(argv)
+    cluster.json("run", "--name", "live-train", "--node", "node-1", "--", *argv)
+    cluster.wait_lines("live-train", 20)
+    there = cluster.json("migrate", "live-train", "--to", "node-2", "--live")
+    check_result(there, "live-train", "node-1", "node-2")
+    status = cluster.json("status", "live-train")
+    assert status["state"] == "running" and status["node"] == "node-2" and status["restarts"] == 1
+    assert list(copies(argv).values()) in (["R"], ["S"])  # the source is gone, not frozen
+    cluster.wait_lines("live-train", 80)
+    back = cluster.json("migrate", "live-train", "--to", "node-1", "--live")
+    check_result(back, "live-train", "node-2", "node-1")
+    assert cluster.ferry("wait", "live-train", "--timeout", "300").returncode == 0
+    assert cluster.logs("live-train") == want
+    assert cluster.json("status", "live-train")["node"] == "node-1"
+
+
+def test_memhog_crc_sequence_is_unbroken_by_a_live_move(cluster: Cluster) -> None:
+    want = reference_output(MEMHOG)
+    cluster.json("run", "--name", "live-hog", "--node", "node-2", "--", *MEMHOG)
+    cluster.wait_lines("live-hog", 10)
+    moved = cluster.json("migrate", "live-hog", "--to", "node-1", "--live")
+    check_result(moved, "live-hog", "node-2", "node-1")
+    assert cluster.ferry("wait", "live-hog", "--timeout", "300").returncode == 0
+    assert cluster.logs("live-hog") == want
+
+
+@pytest.mark.parametrize("phase", ["round", "freeze", "restore", "postcopy"])
+def test_a_failure_in_each_phase_leaves_one_running_copy_and_loses_nothing(cluster: Cluster, phase: str) -> None:
+    name = f"live-fail-{phase}"
+    argv = train(200 + ["round", "freeze", "restore", "postcopy"].index(phase))  # one argv per test
+    want = reference_output(argv)
+    cluster.json("run", "--name", name, "--node", "node-1", "--", *argv)
+    cluster.wait_lines(name, 15)
+    cluster.ferry("chaos", "fail-live", phase)
+    failed = cluster.ferry("migrate", name, "--to", "node-2", "--live", check=False)
+    assert failed.returncode != 0
+    assert "live move failed" in failed.stderr or "injected failure" in failed.stderr, failed.stderr
+    assert failed.stderr.count("\n") == 1  # one line
+    status = cluster.json("status", name)
+    assert status["state"] == "running" and status["node"] == "node-1", status
+    running = wait_until(lambda: (c := copies(argv)) and len(c) == 1 and c, 10, "one running copy")
+    assert list(running.values())[0] != "T"
+    lines = cluster.logs(name).count("\n")
+    cluster.wait_lines(name, lines + 5)  # it goes on
+    assert len(copies(argv)) == 1
+    assert cluster.ferry("wait", name, "--timeout", "300").returncode == 0
+    assert cluster.logs(name) == want
+
+
+def test_live_move_needs_a_running_job_and_says_so(cluster: Cluster) -> None:
+    r = cluster.ferry("migrate", "no-such-job", "--to", "node-2", "--live", check=False)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no-such-job" in r.stderr
