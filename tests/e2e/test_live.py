@@ -3,11 +3,15 @@
 Each move is checked by what the workload prints (identical to an uninterrupted run) and by the
 processes on the machine (one running copy of the job, never two)."""
 
+import json
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, WORKLOADS, Cluster, reference_output, wait_until
+from tests.conftest import BIN, PY, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -89,7 +93,7 @@ def test_a_failure_in_each_phase_leaves_one_running_copy_and_loses_nothing(clust
     status = cluster.json("status", name)
     assert status["state"] == "running" and status["node"] == "node-1", status
     running = wait_until(lambda: (c := copies(argv)) and len(c) == 1 and c, 10, "one running copy")
-    assert list(running.values())[0] != "T"
+    assert next(iter(running.values())) != "T"
     lines = cluster.logs(name).count("\n")
     cluster.wait_lines(name, lines + 5)  # it goes on
     assert len(copies(argv)) == 1
@@ -100,3 +104,54 @@ def test_a_failure_in_each_phase_leaves_one_running_copy_and_loses_nothing(clust
 def test_live_move_needs_a_running_job_and_says_so(cluster: Cluster) -> None:
     r = cluster.ferry("migrate", "no-such-job", "--to", "node-2", "--live", check=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no-such-job" in r.stderr
+
+
+def test_a_drain_moves_a_job_whose_sla_allows_little_downtime_live(cluster: Cluster) -> None:
+    argv = train(230)
+    want = reference_output(argv)
+    cluster.json("run", "--name", "live-sla", "--node", "node-1", "--max-downtime", "1s", "--", *argv)
+    cluster.wait_lines("live-sla", 15)
+    events = subprocess.Popen([str(BIN / "ferry"), "events", "-o", "json", "--job", "live-sla"], env=cluster.env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        drained = cluster.json("drain", "node-1", "--timeout", "120s")
+    finally:
+        cluster.ferry("undrain", "node-1")
+        events.terminate()
+        out, _ = events.communicate(timeout=10)
+    assert drained["jobs_left"] == []
+    kinds = [json.loads(line)["kind"] for line in out.splitlines()]
+    assert "live_move" in kinds and "live_moved" in kinds, kinds
+    status = cluster.json("status", "live-sla")
+    assert status["node"] == "node-2" and status["state"] == "running"
+    assert cluster.ferry("wait", "live-sla", "--timeout", "300").returncode == 0
+    assert cluster.logs("live-sla") == want
+
+
+def test_nodes_report_that_they_can_do_post_copy(cluster: Cluster) -> None:
+    nodes = cluster.json("nodes")
+    assert all(n["lazy_pages"] is True and n["lazy_pages_error"] == "" for n in nodes), nodes
+
+
+@pytest.fixture(scope="module")
+def precopy_cluster(criu_bin: str) -> Iterator[Cluster]:
+    """Nodes that may not use post-copy: live moves fall back to pre-copy rounds."""
+    c = start_cluster(Path(tempfile.mkdtemp(prefix="ferry-precopy-")), env={"FERRY_POSTCOPY": "0"})
+    yield c
+    stop_cluster(c)
+
+
+def test_without_post_copy_a_live_move_copies_in_rounds_and_ships_only_the_delta(precopy_cluster: Cluster) -> None:
+    c = precopy_cluster
+    nodes = c.json("nodes")
+    assert all(n["lazy_pages"] is False and "FERRY_POSTCOPY" in n["lazy_pages_error"] for n in nodes), nodes
+    want = reference_output(MEMHOG)
+    c.json("run", "--name", "pre-hog", "--node", "node-1", "--", *MEMHOG)
+    c.wait_lines("pre-hog", 10)
+    r = c.json("migrate", "pre-hog", "--to", "node-2", "--live")
+    assert r["mode"] == "precopy" and 2 <= r["rounds"] <= 8, r
+    assert len(r["round_freeze_ms"]) == r["rounds"] and all(ms > 0 for ms in r["round_freeze_ms"])
+    assert 0 < r["bytes_final"] < r["bytes_precopy"] / 2, r  # the final freeze ships the delta only
+    assert c.json("status", "pre-hog")["node"] == "node-2"
+    assert c.ferry("wait", "pre-hog", "--timeout", "300").returncode == 0
+    assert c.logs("pre-hog") == want

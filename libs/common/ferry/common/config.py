@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     node_id: str = ""
     work_dir: Path | None = None  # node services: <data_dir>/nodes/<node_id> when unset
     criu_bin: str = "criu"
+    postcopy: bool = True  # node services: false keeps live moves from this node to pre-copy rounds
     node_ip: str = "127.0.0.1"  # node services: where other nodes reach this one (a live move's page server)
     keep_checkpoints: int = Field(default=0, ge=0)  # per job, newest kept; 0 keeps all (then unused chunks go)
     scratch_dir: str = ""  # node services: where images are staged (default: /dev/shm if tmpfs, else work dir)

@@ -67,7 +67,8 @@ class Checkpointer(LiveSource, NodeService):
         await super().start()
         self.criu = CriuRunner(self.settings.criu_bin)
         # post-copy (live moves) needs bigger pipes than the kernel's default allows
-        self.lazy_pages_problem = await asyncio.to_thread(ensure_pipe_limits)
+        self.lazy_pages_problem = (await asyncio.to_thread(ensure_pipe_limits) if self.settings.postcopy
+                                   else "post-copy is turned off here (FERRY_POSTCOPY=0)")
         self.criu_status = await asyncio.to_thread(self.criu.check)
         self.recover_live_moves()
         if not self.criu_status.ok:

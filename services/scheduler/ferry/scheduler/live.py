@@ -198,7 +198,8 @@ class LiveMoves:
         op.phase = "postcopy"
         op.restore_ms = ev.restore_ms
         await self.state.save_op(op)
-        job.state, job.node, job.error, job.reason = JobState.RUNNING, ev.node, None, None
+        # still `migrating` until the source is no longer needed (a drain waits for that)
+        job.node, job.error, job.reason = ev.node, None, f"runs on {ev.node}; its memory is still arriving"
         await self.state.save_job(job, "restored", f"live on {ev.node} (pid {ev.pid}); memory still arriving")
 
     async def on_live_local(self, job: Job, ev: wire.NodeEvent) -> None:
@@ -207,12 +208,10 @@ class LiveMoves:
             return
         op.args["local"] = ev.data
         await self._end_source(job, op)
-        job.moving_to = None
+        job.state, job.reason, job.moving_to = JobState.RUNNING, None, None
         job.restarts += 1
         job.last_move_at = now()
-        result = live_result(job, op)
-        if result["switch_ms"] is not None:
-            job.move_cost_s = float(result["switch_ms"]) / 1000
+        result = live_result(job, op)  # move_cost_s stays a cold move's: what wants_live compares with
         self._schedule_next_checkpoint(job)
         job.op = None
         await self.state.save_job(job, "live_moved", f"on {ev.node}; downtime {result['downtime_ms'] or 0:.0f} ms")

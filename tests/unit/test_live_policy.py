@@ -1,0 +1,58 @@
+"""The scheduler's pure live-move decisions: when pre-copy rounds stop, when a move goes live, and
+what `ferry migrate --live -o json` reports."""
+
+import time
+
+from ferry.common.models import Job, Node, NodeState, Op, OpKind
+from ferry.scheduler.live import LiveMoves, live_result, precopy_done
+
+MIB = 2**20
+
+
+def test_rounds_stop_by_p_hauls_rule() -> None:
+    assert not precopy_done([])
+    assert not precopy_done([1024 * MIB])  # one round: the next may ship far less
+    assert not precopy_done([1024 * MIB, 60 * MIB])  # 6% is not "almost nothing"
+    assert precopy_done([1024 * MIB, 60 * MIB, 10 * MIB])  # under 2% of the first round
+    assert precopy_done([1024 * MIB, 60 * MIB, 67 * MIB])  # grew by more than 10%
+    assert not precopy_done([1024 * MIB, 60 * MIB, 65 * MIB])  # grew, but by less than 10%
+    assert precopy_done([100 * MIB] + [50 * MIB] * 7)  # eight rounds at most
+    assert precopy_done([100 * MIB, 50 * MIB], max_rounds=2)
+
+
+def job(**kw: object) -> Job:
+    return Job(id="j-1", name="web", argv=["x"], node="a", **kw)  # type: ignore[arg-type]
+
+
+def node(id: str, **kw: object) -> Node:
+    return Node(id=id, lazy_pages=True, **kw)  # type: ignore[arg-type]
+
+
+def test_moves_go_live_only_when_the_sla_needs_it_and_both_nodes_can() -> None:
+    lm = LiveMoves()
+    assert not lm.wants_live(job(), node("a"), node("b"))  # no SLA: a cold move is fine
+    assert lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), node("a"), node("b"))
+    assert not lm.wants_live(job(max_downtime_s=10.0, move_cost_s=4.0), node("a"), node("b"))
+    assert not lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), node("a"), Node(id="b"))
+    assert not lm.wants_live(job(max_downtime_s=1.0, gpu_uuids=["GPU-1"]), node("a"), node("b"))
+    soon = node("a", state=NodeState.PREEMPTING, notice_deadline=time.time() + 20)
+    later = node("a", state=NodeState.PREEMPTING, notice_deadline=time.time() + 120)
+    assert not lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), soon, node("b"))  # too little time left
+    assert lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), later, node("b"))
+
+
+def test_the_result_is_computed_from_what_the_nodes_measured() -> None:
+    op = Op(id="op-1", kind=OpKind.MIGRATE, args={
+        "source": "a", "target": "b", "mode": "postcopy",
+        "rounds": [{"bytes_uploaded": 100 * MIB, "freeze_ms": 300.0}],
+        "frozen": {"bytes_final": 2 * MIB, "freeze_ms": 40.0, "frozen_at": 1000.0, "last_write_at": 1000.01},
+        "restored": {"restore_ms": 90.0, "running_at": 1000.2},
+        "local": {"degraded_ms": 800.0, "bytes_lazy": 98 * MIB, "first_write_at": 1000.25}})
+    r = live_result(job(), op)
+    assert (r["job"], r["from"], r["to"], r["mode"], r["rounds"]) == ("web", "a", "b", "postcopy", 1)
+    assert r["bytes_precopy"] == 100 * MIB and r["bytes_final"] == 2 * MIB and r["round_freeze_ms"] == [300.0]
+    assert abs(r["downtime_ms"] - 240.0) < 1e-6  # the source's last write to the target's first
+    assert abs(r["switch_ms"] - 200.0) < 1e-6
+    assert r["freeze_ms"] == 40.0 and r["restore_ms"] == 90.0 and r["degraded_ms"] == 800.0
+    unseen = Op(id="op-2", kind=OpKind.MIGRATE, args={"rounds": [], "frozen": {}, "local": {}})
+    assert live_result(job(), unseen)["downtime_ms"] is None  # never made up
