@@ -101,6 +101,21 @@ def test_a_failure_in_each_phase_leaves_one_running_copy_and_loses_nothing(clust
     assert cluster.logs(name) == want
 
 
+def test_a_source_that_dies_midway_means_a_restore_from_the_pre_copy_checkpoint(cluster: Cluster) -> None:
+    argv = train(210)
+    want = reference_output(argv)
+    cluster.json("run", "--name", "live-src-dies", "--node", "node-1", "--", *argv)
+    cluster.wait_lines("live-src-dies", 15)
+    cluster.ferry("chaos", "fail-live", "source")
+    failed = cluster.ferry("migrate", "live-src-dies", "--to", "node-2", "--live", check=False)
+    assert failed.returncode != 0 and "restored from ck-" in failed.stderr, failed.stderr
+    status = cluster.json("status", "live-src-dies")
+    assert status["state"] == "running" and status["last_checkpoint"].endswith("-r1"), status
+    assert len(wait_until(lambda: (c := copies(argv)) and len(c) == 1 and c, 10, "one running copy")) == 1
+    assert cluster.ferry("wait", "live-src-dies", "--timeout", "300").returncode == 0
+    assert cluster.logs("live-src-dies") == want  # what ran after the checkpoint ran again, identically
+
+
 def test_live_move_needs_a_running_job_and_says_so(cluster: Cluster) -> None:
     r = cluster.ferry("migrate", "no-such-job", "--to", "node-2", "--live", check=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no-such-job" in r.stderr

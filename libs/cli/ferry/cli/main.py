@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = chaos.add_parser("fail-live", help="make the next live move fail in one phase (to see it recover)",
                          parents=[common])
     c.add_argument("phase", choices=LIVE_PHASES, help="round: a pre-copy checkpoint; freeze: the final dump; "
-                   "restore: the target's restore; postcopy: the memory transfer after the target ran")
+                   "restore: the target's restore; postcopy: the memory transfer after the target ran; "
+                   "source: the source dies (page server and process) as the target starts")
 
     add_simulate_parser(sub, common)
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 LIVE_FAULT_FILE = "live-fault.json"
-LIVE_PHASES = ("round", "freeze", "restore", "postcopy")
+LIVE_PHASES = ("round", "freeze", "restore", "postcopy", "source")
 
 
 def arm_live_fault(data_dir: Path, phase: str) -> None:

@@ -8,8 +8,8 @@
                   live_resume_failed (the scheduler restores from the last committed checkpoint)
 
 While a move is in flight the job directory holds ``live.json`` (the op, the frozen pids): the
-fence leaves such a copy alone while the job's op is still that move, and a checkpointer that
-restarts in the middle resumes the tree (if the move went on without it, the fence kills it).
+fence leaves such a copy alone while the job's op is still that move (then kills it if the job
+moved on), also across a restart of the checkpointer.
 """
 
 import asyncio
@@ -61,16 +61,14 @@ class LiveSource(NodeService):
             return None
 
     def recover_live_moves(self) -> None:
-        """After a restart: a tree a lost live move left frozen runs on (the fence judges it)."""
+        """After a restart. A frozen source stays frozen: its dump (its own session) still serves the
+        target, the fence spares it while its move is in flight, and live_end or live_resume, which
+        work without the lost LazySource, finish it either way."""
         self.live = {}
         for d in sorted(self.jobs_dir.iterdir()):
-            jd = JobDir(d)
-            marker = self.live_marker(jd)
-            if marker is None:
-                continue
-            log.warning("resuming %s, left frozen by live move %s before a restart", d.name, marker.op)
-            signal_all(marker.stopped, signal.SIGCONT)
-            (d / LIVE_MARKER).unlink(missing_ok=True)
+            marker = self.live_marker(JobDir(d))
+            if marker is not None:
+                log.warning("%s is the frozen source of live move %s, begun before a restart", d.name, marker.op)
 
     def in_live_move(self, job: Job, jd: JobDir) -> bool:
         """Whether the local copy is the source of the live move `job` is in now (the fence spares it)."""
@@ -121,6 +119,10 @@ class LiveSource(NodeService):
                                       "stderr_path": str(jd.stderr)}
         await self.report(wire.NodeEvent(kind="live_frozen", node=self.node_id, job=job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, data=data))
+        if cmd.data.get("fail") == "source":  # fault injection (tests): the source dies midway
+            await asyncio.sleep(0.2)
+            await source.dump.kill()
+            signal_tree(shim.pid, signal.SIGKILL)
 
     def _upload_live_images(self, cmd: wire.NodeCommand, jd: JobDir, images: Path, sizes: dict[str, int]) -> int:
         logs = images / LOGS_DIR

@@ -135,7 +135,7 @@ class LiveMoves:
         elif op.phase == "freeze":
             await self.send_node(job, "checkpointer", wire.NodeCommand(
                 kind="live_freeze", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.args["images"],
-                data=self._fault(op, "freeze")))
+                data=self._fault(op, "freeze") | self._fault(op, "source")))
         elif op.phase == "switch":
             frozen = op.args["frozen"]
             data = {k: frozen[k] for k in ("address", "port", "store_job", "images", "stdout_path", "stderr_path")}

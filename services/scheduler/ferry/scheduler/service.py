@@ -371,6 +371,8 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             return
         code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
         op = await self.state.op(job.op) if job.op else None
+        if op is not None and op.args.get("live") and op.phase == "resume":
+            return  # the source died while frozen: live_resume finds out and falls back to a checkpoint
         if op is not None and op.args.get("live") and op.phase in ("switch", "postcopy"):
             if code != 0:  # a page that never came (it reads as zeros): the frozen source has them all
                 await self.on_live_target_failed(job, op, f"the target copy died (exit {code}) before all of "
