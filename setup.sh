@@ -11,7 +11,7 @@ cd "$(dirname "$(readlink -f "$0")")"
 ROOT=$PWD
 DEMO=1
 [ "${1:-}" = "--no-demo" ] && DEMO=0
-CRIU_MIN=4.1
+CRIU_MIN=4.2  # 4.1 works, except with sockets on kernels >= 6.16 (SO_PASSCRED, criu #2705)
 TORCH=torch==2.13.0
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
@@ -55,15 +55,17 @@ install_criu() {
 }
 
 build_criu() {
-    # Debian 12 ships CRIU 3.17, which fails on kernels >= 6.13. Build 4.1 from the upstream
-    # tarball that Debian's source archive serves for trixie (Debian 13).
-    say "building CRIU from Debian 13's source package (about a minute)"
-    local src=/etc/apt/sources.list.d/ferry-trixie-src.sources
+    # Debian 12 ships CRIU 3.17, which fails on kernels >= 6.13, and Debian 13 ships 4.1, which
+    # cannot dump a TCP or UDP socket on kernels >= 6.16. Build the upstream tarball that Debian's
+    # source archive serves for unstable (4.2 or newer).
+    say "building CRIU from Debian unstable's source package (a minute or two)"
+    local src=/etc/apt/sources.list.d/ferry-criu-src.sources
+    rm -f /etc/apt/sources.list.d/ferry-trixie-src.sources  # an earlier setup's
     if [ ! -f "$src" ]; then
         cat > "$src" <<'SRC'
 Types: deb-src
 URIs: http://deb.debian.org/debian
-Suites: trixie
+Suites: sid
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
@@ -73,11 +75,13 @@ SRC
     apt_need build-essential pkg-config libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev \
         libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler python3-protobuf \
         uuid-dev libaio-dev xz-utils
-    local work=/usr/local/src/ferry-criu
+    local work=/usr/local/src/ferry-criu tarball
     mkdir -p "$work" && cd "$work"
-    ls criu_*.orig.tar.* >/dev/null 2>&1 || apt-get source --download-only -qq criu >/dev/null 2>&1 || true
-    local tarball
     tarball=$(ls criu_*.orig.tar.* 2>/dev/null | sort -V | tail -n1)
+    if [ -z "$tarball" ] || ! version_ge "$(echo "$tarball" | sed 's/^criu_\([0-9.]*\)\.orig.*/\1/')" "$CRIU_MIN"; then
+        apt-get source --download-only -qq criu >/dev/null 2>&1 || true
+        tarball=$(ls criu_*.orig.tar.* 2>/dev/null | sort -V | tail -n1)
+    fi
     [ -n "$tarball" ] || die "could not download CRIU's source from Debian (apt-get source criu)"
     rm -rf build && mkdir build && tar -xf "$tarball" -C build --strip-components=1
     make -C build -j"$(nproc)" criu >build.log 2>&1 || { tail -20 build.log; die "CRIU build failed (log: $work/build.log)"; }
@@ -87,7 +91,7 @@ SRC
 }
 
 install_python() {
-    apt_need python3 python3-venv python3-dev gcc iproute2 procps
+    apt_need python3 python3-venv python3-dev gcc iproute2 procps redis-server
     local py=${FERRY_PYTHON:-python3}
     [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
     local stamp=.venv/.ferry-installed want

@@ -61,7 +61,7 @@ def test_train_moved_live_there_and_back_prints_what_an_uninterrupted_run_prints
     assert status["state"] == "running" and status["node"] == "node-2" and status["restarts"] == 1
     assert list(copies(argv).values()) in (["R"], ["S"])  # the source is gone, not frozen
     cluster.wait_lines("live-train", 80)
-    back = cluster.json("migrate", "live-train", "--to", "node-1", "--live")
+    back = cluster.json("migrate", "live-train", "--to", "node-1", "--live", "--tcp-established")
     check_result(back, "live-train", "node-2", "node-1")
     assert cluster.ferry("wait", "live-train", "--timeout", "300").returncode == 0
     assert cluster.logs("live-train") == want
@@ -119,6 +119,11 @@ def test_a_source_that_dies_midway_means_a_restore_from_the_pre_copy_checkpoint(
 def test_live_move_needs_a_running_job_and_says_so(cluster: Cluster) -> None:
     r = cluster.ferry("migrate", "no-such-job", "--to", "node-2", "--live", check=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no-such-job" in r.stderr
+    cluster.json("run", "--name", "live-cold-tcp", "--node", "node-1", "--", "sleep", "60")
+    r = cluster.ferry("migrate", "live-cold-tcp", "--to", "node-2", "--tcp-established", check=False)
+    assert r.returncode == 2 and "--tcp-established goes with --live" in r.stderr, r.stderr
+    assert cluster.json("status", "live-cold-tcp")["node"] == "node-1"
+    cluster.ferry("kill", "live-cold-tcp")
 
 
 def test_a_drain_moves_a_job_whose_sla_allows_little_downtime_live(cluster: Cluster) -> None:

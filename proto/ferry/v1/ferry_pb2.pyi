@@ -156,14 +156,16 @@ class RestoreRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...
 
 class MigrateRequest(_message.Message):
-    __slots__ = ("job", "to", "live")
+    __slots__ = ("job", "to", "live", "tcp_established")
     JOB_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
+    TCP_ESTABLISHED_FIELD_NUMBER: _ClassVar[int]
     job: str
     to: str
     live: bool
-    def __init__(self, job: _Optional[str] = ..., to: _Optional[str] = ..., live: _Optional[bool] = ...) -> None: ...
+    tcp_established: bool
+    def __init__(self, job: _Optional[str] = ..., to: _Optional[str] = ..., live: _Optional[bool] = ..., tcp_established: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

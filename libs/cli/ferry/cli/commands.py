@@ -133,7 +133,7 @@ def cmd_restore(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
-    req = pb.MigrateRequest(job=args.job, to=args.to, live=args.live)
+    req = pb.MigrateRequest(job=args.job, to=args.to, live=args.live, tcp_established=args.tcp_established)
     final = _follow_op(client, args, client.stub.Migrate, req, f"migrate {args.job}" + (" (live)" if args.live else ""))
     if not args.live:
         return _moved(args, final, "runs")

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="target node")
     p.add_argument("--live", action="store_true", help="near-live move: a pre-copy checkpoint while it runs, a "
                    "short freeze, then the target runs at once and its memory follows (CRIU post-copy)")
+    p.add_argument("--tcp-established", action="store_true", help="with --live: keep the job's established TCP "
+                   "connections (the nodes must carry the same service address; move it before the freeze)")
 
     p = add("ps", "list jobs (running and stopped; -a adds finished ones)")
     p.add_argument("-a", "--all", action="store_true")

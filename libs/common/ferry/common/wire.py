@@ -107,6 +107,7 @@ class SchedulerCommand(Record):
     checkpoint: str | None = None
     grace_s: float = 5.0
     live: bool = False
+    tcp_established: bool = False
 
 
 NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore",

@@ -251,9 +251,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             job = await self.resolve(request.job)
             if not request.to:
                 raise UsageError("say where to: `ferry migrate JOB --to NODE`")
+            if request.tcp_established and not request.live:
+                raise UsageError("--tcp-established goes with --live (a cold move closes connections)")
             await self.require_node(request.to)
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.MIGRATE, job=job.id, node=request.to,
-                                         live=request.live)
+                                         live=request.live, tcp_established=request.tcp_established)
 
         async for update in self._stream_op("Migrate", context, build):
             yield update

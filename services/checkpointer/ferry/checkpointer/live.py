@@ -43,6 +43,12 @@ def live_store_job(job_id: str) -> str:
     return f"{job_id}.live"
 
 
+def criu_dump_args(args: list[str]) -> tuple[str, ...]:
+    """CRIU options of a live move's dump: with TCP connections, lock the network with nftables
+    (CRIU's default, iptables, needs a binary Debian no longer installs; CRIU links libnftables)."""
+    return (*args, "--network-lock", "nftables") if "--tcp-established" in args else tuple(args)
+
+
 class LiveMarker(BaseModel):
     op: str
     incarnation: int
@@ -87,7 +93,7 @@ class LiveSource(NodeService):
         images = self.scratch_dir / f"live-{job.id}-{cmd.checkpoint}"
         shutil.rmtree(images, ignore_errors=True)
         source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
-                            extra_args=tuple(cmd.data.get("criu_args", [])))
+                            extra_args=criu_dump_args(cmd.data.get("criu_args", [])))
         self.live[job.id] = source
         try:
             if cmd.data.get("fail") == "freeze":  # fault injection (tests): as if CRIU's dump failed

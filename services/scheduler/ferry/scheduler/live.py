@@ -114,8 +114,10 @@ class LiveMoves:
                                     message=f"to {target} ({op.args['mode']})"))
         await self._live_round(job, op)
 
-    def _fault(self, op: Op, phase: str) -> dict[str, str]:
-        return {"fail": phase} if op.args.get("fault") == phase else {}
+    def _node_data(self, op: Op, phase: str) -> dict[str, Any]:
+        """What the node command of `phase` carries besides its job: CRIU options, an armed fault."""
+        extra: dict[str, Any] = {"criu_args": op.args["criu_args"]} if op.args.get("criu_args") else {}
+        return extra | ({"fail": phase} if op.args.get("fault") == phase else {})
 
     async def _live_round(self, job: Job, op: Op) -> None:
         n = len(op.args["rounds"]) + 1
@@ -131,17 +133,17 @@ class LiveMoves:
         if op.phase == "precopy" and op.checkpoint:
             await self.send_node(job, "checkpointer", wire.NodeCommand(
                 kind="checkpoint", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.checkpoint,
-                parent=job.last_checkpoint, data=self._fault(op, "round")))
+                parent=job.last_checkpoint, data=self._node_data(op, "round")))
         elif op.phase == "freeze":
             await self.send_node(job, "checkpointer", wire.NodeCommand(
                 kind="live_freeze", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.args["images"],
-                data=self._fault(op, "freeze") | self._fault(op, "source")))
+                data=self._node_data(op, "freeze") | self._node_data(op, "source")))
         elif op.phase == "switch":
             frozen = op.args["frozen"]
             data = {k: frozen[k] for k in ("address", "port", "store_job", "images", "stdout_path", "stderr_path")}
             await self.send_node(job, "migrator", wire.NodeCommand(
                 kind="live_restore", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.args["images"],
-                data=data | self._fault(op, "restore") | self._fault(op, "postcopy")))
+                data=data | self._node_data(op, "restore") | self._node_data(op, "postcopy")))
         elif op.phase == "resume":
             await self.send_node(job, "checkpointer", wire.NodeCommand(
                 kind="live_resume", op=op.id, job=job, incarnation=job.incarnation,

@@ -122,6 +122,8 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         elif cmd.kind == OpKind.RESTORE:
             await self.restore(job, op, node_id=cmd.node, checkpoint_id=cmd.checkpoint, resumed=resumed)
         elif cmd.kind == OpKind.MIGRATE:
+            if cmd.tcp_established:
+                op.args["criu_args"] = ["--tcp-established"]
             await self.migrate(job, op, to=cmd.node, live=cmd.live, resumed=resumed)
 
     async def submit(self, cmd: wire.SchedulerCommand, op: Op) -> None:
