@@ -202,6 +202,13 @@ def test_pagemap_spans_keep_only_pages_stored_in_the_file(tmp_path: Path) -> Non
     assert pm.as_spans() == [(0x1000, 2), (0xA000, 4), (0x30000, 5), (0x7FFF_FFFF_F000, 1)]
 
 
+def test_pagemap_of_criu_4_2_counts_pages_in_its_64_bit_field(tmp_path: Path) -> None:
+    path = tmp_path / "pagemap-2.img"
+    wide = f_varint(1, 0x40000) + f_varint(2, 0) + f_varint(4, PE_PRESENT) + f_varint(5, 2**33)
+    path.write_bytes(image(f_varint(1, 2), wide, pagemap_entry(0x9000, 7, flags=PE_PRESENT), magic=PAGEMAP_MAGIC))
+    assert read_pagemap(path).as_spans() == [(0x40000, 2**33), (0x9000, 7)]  # 4.2's nr_pages; 4.1's field 2
+
+
 def test_pagemap_needs_a_head(tmp_path: Path) -> None:
     path = tmp_path / "pagemap-1.img"
     path.write_bytes(image(magic=PAGEMAP_MAGIC))

@@ -130,6 +130,13 @@ def _entry_flags(msg: Message) -> int:
     return PE_PRESENT if flags is None else flags
 
 
+def _nr_pages(msg: Message) -> int:
+    """CRIU 4.2 writes the count to ``nr_pages`` (field 5, 64 bits) and 0 to the old 32-bit field 2,
+    now ``compat_nr_pages``; older CRIUs write field 2 only."""
+    wide = msg.optional_uint(5)
+    return wide if wide is not None else msg.uint(2)
+
+
 def read_pagemap(path: Path) -> Pagemap:
     entries = read_image(path, PAGEMAP_MAGIC)
     if not entries:
@@ -137,7 +144,7 @@ def read_pagemap(path: Path) -> Pagemap:
     head, rest = entries[0], entries[1:]
     return Pagemap(
         pages_id=head.uint(1),
-        entries=[PagemapEntry(vaddr=m.uint(1), nr_pages=m.uint(2), flags=_entry_flags(m)) for m in rest],
+        entries=[PagemapEntry(vaddr=m.uint(1), nr_pages=_nr_pages(m), flags=_entry_flags(m)) for m in rest],
     )
 
 
