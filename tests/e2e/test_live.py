@@ -149,8 +149,9 @@ def test_a_drain_moves_a_job_whose_sla_allows_little_downtime_live(cluster: Clus
 
 
 def test_nodes_report_that_they_can_do_post_copy(cluster: Cluster) -> None:
-    nodes = cluster.json("nodes")
-    assert all(n["lazy_pages"] is True and n["lazy_pages_error"] == "" for n in nodes), nodes
+    nodes = {n["id"]: n for n in cluster.json("nodes")}
+    for name in ("node-1", "node-2"):
+        assert nodes[name]["lazy_pages"] is True and nodes[name]["lazy_pages_error"] == "", nodes[name]
 
 
 @pytest.fixture(scope="module")
