@@ -111,7 +111,7 @@ class SchedulerCommand(Record):
 
 
 NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore",
-                          "live_freeze", "live_restore", "live_end", "live_resume"]
+                          "live_prepare", "live_freeze", "live_restore", "live_end", "live_resume"]
 
 
 class NodeCommand(Record):

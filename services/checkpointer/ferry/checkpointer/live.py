@@ -28,6 +28,7 @@ from ferry.criu.errors import CriuError
 from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
 from ferry.criu.lazy_source import LazySource
+from ferry.criu.linux import is_gone
 from ferry.node.base import NodeService
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
@@ -35,6 +36,7 @@ from ferry.store.errors import StoreError
 log = logging.getLogger(__name__)
 
 LIVE_MARKER = "live.json"
+RESUME_SETTLE_S = 0.3
 LOGS_DIR = "ferry-logs"
 
 
@@ -178,6 +180,9 @@ class LiveSource(NodeService):
             signal_all(marker.stopped if marker else [], signal.SIGCONT)
             signal_tree(shim.pid, signal.SIGCONT)
             running = True
+        if running:  # a tree that was being killed as it resumed shows as running for a moment
+            await asyncio.sleep(RESUME_SETTLE_S)
+            running = shim is not None and alive(shim.pid) and not is_gone(shim.pid) and jd.read_exit() is None
         (jd.path / LIVE_MARKER).unlink(missing_ok=True)
         (jd.path / f"stop-{cmd.incarnation}").unlink(missing_ok=True)
         if cmd.checkpoint:

@@ -41,6 +41,7 @@ class Migrator(LiveTarget, NodeService):
     async def start(self) -> None:
         await super().start()
         self.live_tasks = set()
+        self.prepared = {}
 
     async def run(self) -> None:
         assert self.bus is not None
@@ -49,7 +50,8 @@ class Migrator(LiveTarget, NodeService):
                                handler=self.on_command, concurrency=2, ack_wait=60, stop=self.stopping)
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
-        return {"restore": self.restore, "live_restore": self.live_restore}
+        return {"restore": self.restore, "live_restore": self.live_restore,
+                "live_prepare": self.live_prepare}
 
     async def restore(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)

@@ -168,6 +168,10 @@ class LiveMoves:
             op.args["images"] = f"lv-{op.id.split('-', 1)[-1]}"
             await self.state.save_op(op)
             await self.state.save_job(job)
+            target = job.model_copy(update={"node": op.args["target"]})
+            await self.send_node(target, "migrator", wire.NodeCommand(  # its restore loads before the freeze
+                kind="live_prepare", op=op.id, job=target, incarnation=job.incarnation + 1, checkpoint=record.id,
+                data=self._node_data(op, "prepare")))
             await self.resume_live(job, op)
             return
         if not precopy_done([int(r["bytes_uploaded"]) for r in op.args["rounds"]]):
