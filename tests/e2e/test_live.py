@@ -116,6 +116,17 @@ def test_a_source_that_dies_midway_means_a_restore_from_the_pre_copy_checkpoint(
     assert cluster.logs("live-src-dies") == want  # what ran after the checkpoint ran again, identically
 
 
+def test_a_job_with_a_fresh_periodic_checkpoint_moves_without_a_pre_copy_round(cluster: Cluster) -> None:
+    argv = train(240)
+    want = reference_output(argv)
+    cluster.json("run", "--name", "live-periodic", "--node", "node-2", "--checkpoint-every", "3s", "--", *argv)
+    wait_until(lambda: cluster.json("status", "live-periodic")["last_checkpoint"], 60, "a periodic checkpoint")
+    r = cluster.json("migrate", "live-periodic", "--to", "node-1", "--live")
+    assert r["mode"] == "postcopy" and r["rounds"] == 0 and r["bytes_precopy"] == 0 and r["downtime_ms"] > 0, r
+    assert cluster.ferry("wait", "live-periodic", "--timeout", "300").returncode == 0
+    assert cluster.logs("live-periodic") == want
+
+
 def test_live_move_needs_a_running_job_and_says_so(cluster: Cluster) -> None:
     r = cluster.ferry("migrate", "no-such-job", "--to", "node-2", "--live", check=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no-such-job" in r.stderr

@@ -9,9 +9,11 @@
                 delta and the target restores it ([checkpoint], [restore], as a cold move)
 
 How many rounds: with post-copy the freeze ships no memory at all, so one round is enough (it is
-the committed checkpoint that a failed post-copy falls back on). Without post-copy, rounds go on
-while they pay, by P.Haul's rule (``precopy_done``). Without soft-dirty tracking every round is a
-full dump that freezes the job for its duration: the rounds' cost is in the op's result.
+the committed checkpoint that a failed post-copy falls back on), and none when the job's last
+periodic checkpoint is younger than its interval (as good a fallback as the job has anyway).
+Without post-copy, rounds go on while they pay, by P.Haul's rule (``precopy_done``). Without
+soft-dirty tracking every round is a full dump that freezes the job for its duration: the rounds'
+cost is in the op's result.
 
 Failures: a round or the freeze failing leaves the source running (the op fails); the target
 failing before or after it ran makes the source resume (``live_resume``); a source that is gone by
@@ -26,7 +28,7 @@ from ferry.common import wire
 from ferry.common.config import Settings
 from ferry.common.errors import ConflictError
 from ferry.common.faults import take_live_fault
-from ferry.common.models import Event, Job, JobState, Node, NodeState, Op, OpState, now
+from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, NodeState, Op, OpState, now
 from ferry.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,12 @@ class LiveMoves:
         job.state, job.op, job.moving_to = JobState.MIGRATING, op.id, target
         await self.state.emit(Event(kind="live_move", job=job.id, node=job.node,
                                     message=f"to {target} ({op.args['mode']})"))
+        fresh = await self._fresh_checkpoint(job) if postcopy else None
+        if fresh is not None:  # a round would freeze the job for a whole dump and buy nothing
+            op.state, op.job = OpState.RUNNING, job.id
+            op.args["fallback_checkpoint"] = fresh.id
+            await self._freeze(job, op, fresh.id)
+            return
         await self._live_round(job, op)
 
     def _node_data(self, op: Op, phase: str) -> dict[str, Any]:
@@ -164,21 +172,36 @@ class LiveMoves:
         op.args["rounds"].append({"checkpoint": record.id, "bytes_uploaded": record.bytes_uploaded,
                                   "bytes_logical": record.bytes_logical, "freeze_ms": record.freeze_ms})
         if op.args["mode"] == "postcopy":
-            op.phase = "freeze"
-            op.args["images"] = f"lv-{op.id.split('-', 1)[-1]}"
-            await self.state.save_op(op)
-            await self.state.save_job(job)
-            target = job.model_copy(update={"node": op.args["target"]})
-            await self.send_node(target, "migrator", wire.NodeCommand(  # its restore loads before the freeze
-                kind="live_prepare", op=op.id, job=target, incarnation=job.incarnation + 1, checkpoint=record.id,
-                data=self._node_data(op, "prepare")))
-            await self.resume_live(job, op)
+            await self._freeze(job, op, record.id)
             return
         if not precopy_done([int(r["bytes_uploaded"]) for r in op.args["rounds"]]):
             await self._live_round(job, op)
             return
         op.checkpoint = None  # the final checkpoint: then the target restores it, as in a cold move
         await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def _freeze(self, job: Job, op: Op, checkpoint: str) -> None:
+        """Post-copy: the target loads its restore while the source freezes (`checkpoint`, committed,
+        tells the target where the job's output files were)."""
+        op.phase = "freeze"
+        op.args["images"] = f"lv-{op.id.split('-', 1)[-1]}"
+        await self.state.save_op(op)
+        await self.state.save_job(job)
+        target = job.model_copy(update={"node": op.args["target"]})
+        await self.send_node(target, "migrator", wire.NodeCommand(
+            kind="live_prepare", op=op.id, job=target, incarnation=job.incarnation + 1, checkpoint=checkpoint,
+            data=self._node_data(op, "prepare")))
+        await self.resume_live(job, op)
+
+    async def _fresh_checkpoint(self, job: Job) -> CheckpointRecord | None:
+        """The job's last checkpoint when it is younger than the job's own checkpoint interval: as
+        good a fallback as the job has anyway, so a post-copy move needs no pre-copy round."""
+        if not job.last_checkpoint or job.checkpoint_every_s <= 0:
+            return None
+        record = await self.state.bus.checkpoints.get(wire.ckpt_key(job.id, job.last_checkpoint))
+        if record is None or record.state != "committed" or now() - record.created > job.checkpoint_every_s:
+            return None
+        return record
 
     async def on_live_frozen(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(job.op) if job.op else None
