@@ -21,11 +21,11 @@ def test_rounds_stop_by_p_hauls_rule() -> None:
 
 
 def job(**kw: object) -> Job:
-    return Job(id="j-1", name="web", argv=["x"], node="a", **kw)  # type: ignore[arg-type]
+    return Job(id="j-1", name="web", argv=["x"], node="a", **kw)
 
 
 def node(id: str, **kw: object) -> Node:
-    return Node(id=id, lazy_pages=True, **kw)  # type: ignore[arg-type]
+    return Node(id=id, lazy_pages=True, **kw)
 
 
 def test_moves_go_live_only_when_the_sla_needs_it_and_both_nodes_can() -> None:
