@@ -6,6 +6,7 @@ processes on the machine (one running copy of the job, never two)."""
 import json
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,16 +144,25 @@ def test_a_drain_moves_a_job_whose_sla_allows_little_downtime_live(cluster: Clus
     want = reference_output(argv)
     cluster.json("run", "--name", "live-sla", "--node", "node-1", "--max-downtime", "1s", "--", *argv)
     cluster.wait_lines("live-sla", 15)
-    events = subprocess.Popen([str(BIN / "ferry"), "events", "-o", "json", "--job", "live-sla"], env=cluster.env,
+    job_id = cluster.json("status", "live-sla")["id"]
+    events = subprocess.Popen([str(BIN / "ferry"), "events", "-o", "json"], env=cluster.env,
                               stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    stream = events.stdout
+    assert stream is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True)
+    reader.start()
     try:
+        # an event of our own first: once it shows, the stream is live and sees the whole drain
+        wait_until(lambda: cluster.ferry("undrain", "node-2") and lines, 30, "the event stream", interval=0.5)
         drained = cluster.json("drain", "node-1", "--timeout", "120s")
     finally:
         cluster.ferry("undrain", "node-1")
         events.terminate()
-        out, _ = events.communicate(timeout=10)
+        events.wait(timeout=10)
+        reader.join(timeout=10)
     assert drained["jobs_left"] == []
-    kinds = [json.loads(line)["kind"] for line in out.splitlines()]
+    kinds = [e["kind"] for e in map(json.loads, lines) if e["job"] == job_id]
     assert "live_move" in kinds and "live_moved" in kinds, kinds
     status = cluster.json("status", "live-sla")
     assert status["node"] == "node-2" and status["state"] == "running"
