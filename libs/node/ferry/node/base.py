@@ -21,6 +21,11 @@ from ferry.store.url import open_backend
 
 log = logging.getLogger(__name__)
 
+LOGS_DIR = "ferry-logs"
+"""In a checkpoint's files: the job's stdout and stderr as they were when it was frozen."""
+META_FILE = "ferry.json"
+"""In a checkpoint's files: the job, its argv and where its output files were on the source node."""
+
 # Variables of the node service that a workload must not inherit.
 _PRIVATE_ENV_PREFIXES = ("FERRY_", "NATS_", "OTEL_")
 
@@ -137,3 +142,12 @@ def read_meminfo_bytes() -> int:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def snapshot_logs(jd: JobDir, dest: Path, sizes: dict[str, int]) -> None:
+    """Copies the job's logs as they were when it was frozen (their sizes then, from the dump)."""
+    dest.mkdir()
+    for name, src in (("stdout", jd.stdout), ("stderr", jd.stderr)):
+        size = sizes.get(str(src), src.stat().st_size)
+        with open(src, "rb") as fin, open(dest / name, "wb") as fout:
+            fout.write(fin.read(size))

@@ -29,7 +29,7 @@ from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
 from ferry.criu.lazy_source import LazySource
 from ferry.criu.linux import is_gone
-from ferry.node.base import NodeService
+from ferry.node.base import LOGS_DIR, NodeService, snapshot_logs
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
 
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 LIVE_MARKER = "live.json"
 RESUME_SETTLE_S = 0.3
-LOGS_DIR = "ferry-logs"
 
 
 def live_store_job(job_id: str) -> str:
@@ -133,11 +132,7 @@ class LiveSource(NodeService):
             signal_tree(shim.pid, signal.SIGKILL)
 
     def _upload_live_images(self, cmd: wire.NodeCommand, jd: JobDir, images: Path, sizes: dict[str, int]) -> int:
-        logs = images / LOGS_DIR
-        logs.mkdir()
-        for name, src in (("stdout", jd.stdout), ("stderr", jd.stderr)):
-            with open(src, "rb") as fin, open(logs / name, "wb") as fout:
-                fout.write(fin.read(sizes.get(str(src), src.stat().st_size)))
+        snapshot_logs(jd, images / LOGS_DIR, sizes)
         files = sorted(str(p.relative_to(images)) for p in images.rglob("*")
                        if p.is_file() and p.name not in STAYS_BEHIND)
         assert cmd.checkpoint

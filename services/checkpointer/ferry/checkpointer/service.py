@@ -46,7 +46,15 @@ from ferry.gpu.monitor import GpuMonitor
 from ferry.gpu.nvml import RealNvml
 from ferry.gpu.xid import XidWatcher
 from ferry.health.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
-from ferry.node.base import NodeService, kernel_release, read_meminfo_bytes, workload_env
+from ferry.node.base import (
+    LOGS_DIR,
+    META_FILE,
+    NodeService,
+    kernel_release,
+    read_meminfo_bytes,
+    snapshot_logs,
+    workload_env,
+)
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
 from ferry.store.store import CheckpointStore
@@ -54,8 +62,6 @@ from ferry.store.store import CheckpointStore
 log = logging.getLogger(__name__)
 _tracer = tracer("checkpointer")
 
-LOGS_DIR = "ferry-logs"
-META_FILE = "ferry.json"
 
 
 class Checkpointer(LiveSource, NodeService):
@@ -439,15 +445,6 @@ def _retain(store: CheckpointStore, job: str, keep: int) -> list[str]:
         result = store.gc()
         log.info("retention removed %d checkpoint(s) of %s; gc freed %d bytes", len(deleted), job, result.bytes_freed)
     return deleted
-
-
-def snapshot_logs(jd: JobDir, dest: Path, sizes: dict[str, int]) -> None:
-    """Copies the job's logs as they were when it was frozen (their sizes then, from the dump)."""
-    dest.mkdir()
-    for name, src in (("stdout", jd.stdout), ("stderr", jd.stderr)):
-        size = sizes.get(str(src), src.stat().st_size)
-        with open(src, "rb") as fin, open(dest / name, "wb") as fout:
-            fout.write(fin.read(size))
 
 
 def _read_at(path: Path, offset: int, size: int) -> bytes:

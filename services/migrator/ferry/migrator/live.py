@@ -8,22 +8,21 @@
 """
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import time
+from pathlib import Path
 
 from ferry.common import wire
 from ferry.criu.errors import CriuError
-from ferry.criu.lazy_common import LiveMoveFailed
+from ferry.criu.lazy_common import PAGE_SIZE, LiveMoveFailed
 from ferry.criu.lazy_target import LazyTarget
-from ferry.node.base import NodeService
+from ferry.node.base import LOGS_DIR, NodeService
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
-LOGS_DIR = "ferry-logs"
 FIRST_WRITE_WAIT_S = 5.0
 PREPARED_TTL_S = 300.0
 
@@ -34,13 +33,17 @@ class LiveTarget(NodeService):
     live_tasks: set["asyncio.Task[None]"]
     prepared: dict[str, tuple[int, LazyTarget]]
 
+    def live_images(self, cmd: wire.NodeCommand) -> Path:
+        """Where a live move's images (all but memory) are staged here, for prepare and restore alike."""
+        return self.scratch_dir / f"live-{cmd.job.id}-{cmd.incarnation}"
+
     async def live_prepare(self, cmd: wire.NodeCommand) -> None:
         """Before the source freezes: load the restore's Python and shim (about 0.2 s here), so that
         the downtime does not include it. The output paths come from the pre-copy checkpoint."""
         job, jd = cmd.job, self.job_dir(cmd.job.id)
         if job.id in self.prepared or not cmd.checkpoint:
             return
-        images = self.scratch_dir / f"live-{job.id}-{cmd.incarnation}"
+        images = self.live_images(cmd)
         shutil.rmtree(images, ignore_errors=True)
         try:
             meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)).meta
@@ -72,7 +75,7 @@ class LiveTarget(NodeService):
                                                  incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))
             return
         d = cmd.data
-        images = self.scratch_dir / f"live-{job.id}-{cmd.incarnation}"
+        images = self.live_images(cmd)
         jd.path.mkdir(parents=True, exist_ok=True)
         jd.clear_run_state()
         t0 = time.monotonic()
@@ -119,7 +122,7 @@ class LiveTarget(NodeService):
         self.live_tasks.add(task)
         task.add_done_callback(self.live_tasks.discard)
 
-    async def _until_local(self, cmd: wire.NodeCommand, target: LazyTarget, images: object) -> None:
+    async def _until_local(self, cmd: wire.NodeCommand, target: LazyTarget, images: Path) -> None:
         try:
             try:
                 pages = await target.wait_local(self.settings.api_timeout_s * 5)
@@ -133,11 +136,10 @@ class LiveTarget(NodeService):
                 await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
             target.close()
             assert target.running_at is not None and target.local_at is not None
-            data = {"pages_lazy": pages, "bytes_lazy": pages * 4096 if pages is not None else None,
+            data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
                     "degraded_ms": (target.local_at - target.running_at) * 1000, "local_at": target.local_at,
                     "first_write_at": target.first_write_at}
             await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, data=data))
         finally:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(str(images), ignore_errors=True)
+            shutil.rmtree(images, ignore_errors=True)

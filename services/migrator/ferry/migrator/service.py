@@ -22,15 +22,13 @@ from ferry.gpu.cuda_checkpoint import default_checkpointer, resume_after_restore
 from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.live import LiveTarget
-from ferry.node.base import NodeService
+from ferry.node.base import LOGS_DIR, META_FILE, NodeService
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 _tracer = tracer("migrator")
 
-LOGS_DIR = "ferry-logs"
-META_FILE = "ferry.json"
 
 
 class Migrator(LiveTarget, NodeService):
