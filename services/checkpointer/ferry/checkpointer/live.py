@@ -145,6 +145,12 @@ class LiveSource(NodeService):
         await self.report(wire.NodeEvent(kind="live_freeze_failed", node=self.node_id, job=cmd.job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, error=error))
 
+    async def _drop_live_images(self, cmd: wire.NodeCommand) -> None:
+        """The move is over either way: its images (all but memory) leave the store."""
+        if cmd.checkpoint:
+            with contextlib.suppress(StoreError):
+                await asyncio.to_thread(self.store.delete_checkpoint, live_store_job(cmd.job.id), cmd.checkpoint)
+
     async def live_end(self, cmd: wire.NodeCommand) -> None:
         jd = self.job_dir(cmd.job.id)
         (jd.path / f"stop-{cmd.incarnation}").touch()  # its exit is the move's, not the job's
@@ -159,9 +165,7 @@ class LiveSource(NodeService):
         except (CriuError, OSError) as exc:
             log.warning("ending the source of %s: %s", cmd.job.name, exc)
         (jd.path / LIVE_MARKER).unlink(missing_ok=True)
-        if cmd.checkpoint:
-            with contextlib.suppress(StoreError):
-                await asyncio.to_thread(self.store.delete_checkpoint, live_store_job(cmd.job.id), cmd.checkpoint)
+        await self._drop_live_images(cmd)
 
     async def live_resume(self, cmd: wire.NodeCommand) -> None:
         jd = self.job_dir(cmd.job.id)
@@ -180,9 +184,7 @@ class LiveSource(NodeService):
             running = shim is not None and alive(shim.pid) and not is_gone(shim.pid) and jd.read_exit() is None
         (jd.path / LIVE_MARKER).unlink(missing_ok=True)
         (jd.path / f"stop-{cmd.incarnation}").unlink(missing_ok=True)
-        if cmd.checkpoint:
-            with contextlib.suppress(StoreError):
-                await asyncio.to_thread(self.store.delete_checkpoint, live_store_job(cmd.job.id), cmd.checkpoint)
+        await self._drop_live_images(cmd)
         if running and shim is not None and jd.read_exit() is None:
             await self.report(wire.NodeEvent(kind="live_resumed", node=self.node_id, job=cmd.job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))

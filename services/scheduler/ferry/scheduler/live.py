@@ -38,6 +38,15 @@ ALMOST_NOTHING = 0.02  # of the first round's bytes
 GROWTH = 1.10
 
 
+RESENDABLE = ("precopy", "freeze", "switch", "resume")
+"""Phases whose node command a restarted scheduler sends again (``resume_live``)."""
+
+
+def live_phase(op: Op | None) -> str | None:
+    """The phase of a live move, or None when `op` is not one."""
+    return op.phase if op is not None and op.args.get("live") else None
+
+
 def precopy_done(shipped: list[int], max_rounds: int = MAX_ROUNDS) -> bool:
     """P.Haul's rule over the bytes each round shipped: stop after ``max_rounds``, after a round that
     shipped almost nothing (2% of the first), or after one that shipped 10% more than the one before."""

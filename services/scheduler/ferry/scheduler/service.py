@@ -31,7 +31,7 @@ from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.scheduler import policy
 from ferry.scheduler.control import ControlLoop
-from ferry.scheduler.live import LiveMoves, live_result
+from ferry.scheduler.live import RESENDABLE, LiveMoves, live_phase, live_result
 from ferry.scheduler.state import ClusterState
 from ferry.scheduler.views import gpu_assignments, job_view, node_views
 
@@ -65,7 +65,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             if op is None or op.finished or not job.node:
                 continue
             log.info("resuming %s of %s (phase %s)", op.kind, job.name, op.phase or "-")
-            if op.args.get("live") and op.phase in ("precopy", "freeze", "switch", "resume"):
+            if live_phase(op) in RESENDABLE:
                 await self.resume_live(job, op)
             elif op.phase == "restore":
                 await self._send_restore(job, op)
@@ -273,12 +273,12 @@ class Scheduler(LiveMoves, ControlLoop, Service):
 
     async def migrate(self, job: Job, op: Op, *, to: str | None, live: bool, resumed: bool) -> None:
         if resumed:
-            if op.args.get("live") and op.phase in ("precopy", "freeze", "switch", "resume"):
+            if live_phase(op) in RESENDABLE:
                 await self.resume_live(job, op)
             elif op.phase == "restore":
                 await self._send_restore(job, op)
-            elif op.phase in ("postcopy",):
-                return
+            elif live_phase(op) == "postcopy":
+                return  # the target reports when its memory is all there
             else:
                 await self.checkpoint(job, op, stop=True, resumed=True)
             return
@@ -373,9 +373,9 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             return
         code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
         op = await self.state.op(job.op) if job.op else None
-        if op is not None and op.args.get("live") and op.phase == "resume":
+        if live_phase(op) == "resume":
             return  # the source died while frozen: live_resume finds out and falls back to a checkpoint
-        if op is not None and op.args.get("live") and op.phase in ("switch", "postcopy"):
+        if op is not None and live_phase(op) in ("switch", "postcopy"):
             if code != 0:  # a page that never came (it reads as zeros): the frozen source has them all
                 await self.on_live_target_failed(job, op, f"the target copy died (exit {code}) before all of "
                                                           f"its memory arrived")
@@ -392,7 +392,6 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         await self.state.save_job(job, "exited", detail)
         await self.state.finish_op(kill_op)
         if op_id:
-            op = await self.state.op(op_id)
             if op is not None and op.kind == OpKind.SUBMIT:
                 await self.state.finish_op(op_id)  # it started and already ended: the submit worked
             else:
@@ -420,7 +419,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
                 await self.state.save_job(job)
                 return
             assert op is not None
-            if op.kind == OpKind.MIGRATE and op.args.get("live") and op.phase == "precopy":
+            if op.kind == OpKind.MIGRATE and live_phase(op) == "precopy":
                 await self.on_live_round(job, op, record)
                 return
             if op.kind == OpKind.MIGRATE:
@@ -457,15 +456,14 @@ class Scheduler(LiveMoves, ControlLoop, Service):
     async def on_restored(self, job: Job, ev: wire.NodeEvent) -> None:
         if job.state not in (JobState.RESTORING, JobState.MIGRATING):
             return
-        live_op = await self.state.op(job.op) if job.op else None
-        if live_op is not None and live_op.args.get("live") and live_op.phase == "switch":
-            await self.on_live_restored(job, live_op, ev)
+        op = await self.state.op(job.op) if job.op else None
+        if op is not None and live_phase(op) == "switch":
+            await self.on_live_restored(job, op, ev)
             return
         job.state, job.node, job.error, job.reason, job.parked_by = JobState.RUNNING, ev.node, None, None, None
         job.moving_to = None
         job.restarts += 1
         job.last_move_at = now()
-        op = await self.state.op(job.op) if job.op else None
         if op is not None and ev.restore_ms is not None:
             job.move_cost_s = (float(op.args.get("checkpoint_ms", 0.0)) + ev.restore_ms) / 1000 or job.move_cost_s
         self._schedule_next_checkpoint(job)
@@ -481,7 +479,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
 
     async def on_restore_failed(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(job.op) if job.op else None
-        if op is not None and op.args.get("live") and op.phase == "switch":
+        if op is not None and live_phase(op) == "switch":
             await self.on_live_target_failed(job, op, ev.error or "the live restore failed")
             return
         source = str(op.args.get("source", "")) if op else ""
@@ -505,7 +503,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
 
     async def on_live_lost(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(job.op) if job.op else None
-        if op is not None and op.args.get("live") and op.phase == "postcopy" and ev.op == op.id:
+        if op is not None and live_phase(op) == "postcopy" and ev.op == op.id:
             await self.on_live_target_failed(job, op, ev.error or "the target lost its memory source")
 
     # ---- time-driven work ------------------------------------------------------------------
