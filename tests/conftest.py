@@ -43,7 +43,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 @pytest.fixture(scope="session")
 def criu_bin() -> str:
-    """CRIU >= 4.1; fails (never skips) when it is missing."""
+    """CRIU >= 4.2 (4.1 on kernels before 6.16); fails (never skips) when it is missing."""
     from ferry.criu.runner import CriuRunner
 
     status = CriuRunner().check()

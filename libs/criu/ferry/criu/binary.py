@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 
-__all__ = ["EXTRA_DIRS", "MIN_VERSION", "SETUP_HINT", "find_criu", "parse_version"]
+__all__ = ["EXTRA_DIRS", "MIN_VERSION", "SETUP_HINT", "find_criu", "parse_version", "required_version"]
 
 # CRIU lives in sbin, which a non-login root shell or a service unit often lacks on PATH.
 EXTRA_DIRS = ("/usr/local/sbin", "/usr/sbin")
-# CRIU older than 4.1 fails on kernels 6.13+ ("vdso: Unexpected rt vDSO area bounds").
+# CRIU older than 4.1 fails on kernels 6.13+ ("vdso: Unexpected rt vDSO area bounds"), and 4.1
+# cannot dump a TCP or UDP socket on kernels 6.16+ (it reads SO_PASSCRED on inet sockets, which
+# those kernels refuse: criu #2705, fixed in 4.2). DESIGN.md's "CRIU >= 4.1" predates the latter.
 MIN_VERSION = (4, 1)
-SETUP_HINT = "run ./setup.sh, or install CRIU >= 4.1 (Debian 13 ships 4.1.1)"
+SOCKETS_MIN_VERSION = (4, 2)
+SOCKETS_KERNEL = (6, 16)
+SETUP_HINT = "run ./setup.sh, or install CRIU >= 4.2 (4.1 on kernels older than 6.16)"
+
+_KERNEL = re.compile(r"^(\d+)\.(\d+)")
+
+
+def required_version(kernel_release: str | None = None) -> tuple[int, int]:
+    """The oldest CRIU (major, minor) that checkpoints every workload on this kernel."""
+    match = _KERNEL.match(kernel_release if kernel_release is not None else platform.release())
+    if match and (int(match[1]), int(match[2])) >= SOCKETS_KERNEL:
+        return SOCKETS_MIN_VERSION
+    return MIN_VERSION
 
 _VERSION = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 

@@ -44,7 +44,7 @@ class CriuError(FerryError):
 
 
 class CriuMissing(CriuError):
-    """No usable CRIU: run the setup command or install CRIU >= 4.1."""
+    """No usable CRIU: run the setup command or install CRIU >= 4.2 (4.1 on kernels older than 6.16)."""
 
 
 class DumpFailed(CriuError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import signal
 import subprocess
 import tempfile
@@ -14,7 +15,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict
 
-from ferry.criu.binary import MIN_VERSION, SETUP_HINT, find_criu, parse_version
+from ferry.criu.binary import SETUP_HINT, find_criu, parse_version, required_version
 from ferry.criu.errors import CriuMissing, DumpFailed, ImageError
 from ferry.criu.images import DumpStats, read_dump_stats
 from ferry.criu.linux import catches_signal, is_gone, ns_pids
@@ -111,9 +112,11 @@ class CriuRunner:
         if out.returncode != 0 or parsed is None:
             return self._status_error(None, f"{path} --version: {_one_line(out.stdout + out.stderr)}", path)
         version = ".".join(map(str, parsed))
-        if parsed[:2] < MIN_VERSION:
+        need = required_version()
+        if parsed[:2] < need:
             return self._status_error(
-                version, f"CRIU {version} is too old (fails on kernels >= 6.13): {SETUP_HINT}", path
+                version, f"CRIU {version} is too old for kernel {platform.release()} (needs >= "
+                f"{need[0]}.{need[1]}): {SETUP_HINT}", path
             )
         chk = _run([path, "check"])
         if "Looks good" not in chk.stdout + chk.stderr:
