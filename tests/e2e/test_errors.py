@@ -87,12 +87,6 @@ def test_command_not_found_fails_the_job_with_a_clear_error(cluster: Cluster) ->
     assert cluster.json("status", "nocmd")["state"] == "failed"
 
 
-def test_duplicate_name_is_refused(cluster: Cluster) -> None:
-    cluster.json("run", "--name", "dup", "--", "sleep", "600")
-    one_line_error(cluster.ferry("run", "--name", "dup", "--", "true", check=False), 1)
-    cluster.ferry("kill", "dup")
-
-
 def test_corrupt_chunk_is_named_and_other_checkpoints_still_restore(cluster: Cluster) -> None:
     argv = [PY, "-c", "import time\nfor i in range(100000):\n print(i, flush=True); time.sleep(0.05)"]
     cluster.json("run", "--name", "corrupt", "--node", "node-1", "--", *argv)

@@ -108,8 +108,8 @@ def test_run_arguments_are_checked_before_anything_starts(tmp_path: Path) -> Non
     args = parser.parse_args(["run", "--env", "A=1", "--env", "B=x=y", "--cwd", str(tmp_path), "--",
                               "python", "-c", "print(1)", "-o", "json"])
     commands.validate_run(args)
-    assert args.command == ["python", "-c", "print(1)", "-o", "json"]
-    assert args.env_map == {"A": "1", "B": "x=y"}
+    assert args.request.argv == ["python", "-c", "print(1)", "-o", "json"]
+    assert args.request.env == {"A": "1", "B": "x=y"}
     for bad in (["run", "--"], ["run", "--checkpoint-every", "soon", "--", "x"], ["run", "--env", "A", "--", "x"]):
         with pytest.raises(UsageError):
             commands.validate_run(parser.parse_args(bad))

@@ -10,6 +10,7 @@ from typing import Any
 from ferry.cli.client import ApiError, Client
 from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
 from ferry.common.errors import UsageError
+from ferry.common.jobspec import check_request
 from ferry.common.units import parse_duration, parse_size
 from ferry.v1 import ferry_pb2 as pb
 
@@ -40,35 +41,29 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def validate_run(args: argparse.Namespace) -> None:
-    """Checks `ferry run`'s arguments before anything is contacted or started."""
+    """Checks `ferry run`'s arguments before anything is contacted or started: the same rules the
+    API applies (ferry.common.jobspec), plus what only the caller's machine can tell (--cwd)."""
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    if not argv or not argv[0]:
-        raise UsageError("empty command: give the program to run after `--`, e.g. ferry run -- python train.py")
-    args.command = argv
-    args.checkpoint_every_s = parse_duration(args.checkpoint_every) if args.checkpoint_every is not None else 0.0
-    args.env_map = parse_env(args.env or [])
-    args.memory_bytes = parse_size(args.memory) if args.memory is not None else 0
-    args.gpu_memory_bytes = parse_size(args.gpu_memory) if args.gpu_memory is not None else 0
-    args.deadline_s = parse_duration(args.deadline) if args.deadline is not None else 0.0
-    args.max_downtime_s = parse_duration(args.max_downtime) if args.max_downtime is not None else 0.0
-    if args.cpus < 0 or args.gpus < 0:
-        raise UsageError("--cpus and --gpus must not be negative")
-    args.cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
-    if not os.path.isdir(args.cwd):
-        raise UsageError(f"--cwd {args.cwd}: no such directory")
+    cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
+    args.request = check_request({
+        "name": args.name or "", "argv": argv, "env": parse_env(args.env or []), "cwd": cwd, "node": args.node or "",
+        "checkpoint_every_s": parse_duration(args.checkpoint_every) if args.checkpoint_every is not None else 0.0,
+        "priority": args.priority, "cpus": args.cpus,
+        "memory_bytes": parse_size(args.memory) if args.memory is not None else 0, "gpus": args.gpus,
+        "deadline_s": parse_duration(args.deadline) if args.deadline is not None else 0.0,
+        "max_downtime_s": parse_duration(args.max_downtime) if args.max_downtime is not None else 0.0,
+        "gpu_model": args.gpu_model or "",
+        "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
+        "gpu_shared": args.gpu_shared,
+    })
+    if not os.path.isdir(cwd):
+        raise UsageError(f"--cwd {cwd}: no such directory")
 
 
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
-    argv, every, cwd = args.command, args.checkpoint_every_s, args.cwd
-    request = pb.SubmitJobRequest(name=args.name or "", argv=argv, env=args.env_map, cwd=cwd,
-                                  node=args.node or "", checkpoint_every_s=every, priority=args.priority,
-                                  cpus=args.cpus, memory_bytes=args.memory_bytes, gpus=args.gpus,
-                                  deadline_s=args.deadline_s, max_downtime_s=args.max_downtime_s,
-                                  gpu_model=args.gpu_model or "", gpu_memory_bytes=args.gpu_memory_bytes,
-                                  gpu_shared=args.gpu_shared)
-    job = client.call(client.stub.SubmitJob, request)
+    job = client.call(client.stub.SubmitJob, pb.SubmitJobRequest(**args.request.model_dump()))
     if _json(args):
         print_json(job_dict(job))
     elif job.state == "pending":

@@ -4,6 +4,7 @@
     ├── UsageError                  bad input: refused before anything starts (exit code 2)
     ├── NotFoundError               unknown job, node or checkpoint (exit code 2)
     ├── ConflictError               the request does not fit the current state (exit code 1)
+    │   └── AlreadyExistsError      a name that is taken (exit code 2)
     ├── ConfigError                 an invalid configuration file or FERRY_* variable
     └── (per-domain roots elsewhere: ferry.store.errors.StoreError,
          ferry.criu.errors.CriuError, ferry.common.bus.BusError, ...)
@@ -33,6 +34,12 @@ class NotFoundError(FerryError):
 
 class ConflictError(FerryError):
     """The request is valid but does not fit the current state (a job already running, say)."""
+
+
+class AlreadyExistsError(ConflictError):
+    """A name (of a job, say) that another one already holds; nothing was changed."""
+
+    exit_code = 2
 
 
 class ConfigError(FerryError):

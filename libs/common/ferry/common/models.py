@@ -34,7 +34,8 @@ BUSY_STATES = frozenset({JobState.CHECKPOINTING, JobState.RESTORING, JobState.MI
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # JSON has no NaN or infinity (pydantic would write them as null, which then does not read back)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class Job(Record):

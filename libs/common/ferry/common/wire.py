@@ -9,6 +9,7 @@ Subjects (all under `ferry.`):
     rpc.node.<node>.logs                API -> node log reads (core NATS request/reply)
 """
 
+import json
 import re
 from typing import Any, Literal, TypeVar
 
@@ -33,7 +34,7 @@ NODE_EVENTS = "ferry.evt.node.>"
 
 NodeService = Literal["checkpointer", "migrator"]
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 
@@ -43,12 +44,12 @@ class WireError(FerryError):
 
 def is_token(value: str) -> bool:
     """Whether `value` can be one subject token (and so a job, node or checkpoint id)."""
-    return bool(_TOKEN.match(value))
+    return _TOKEN.fullmatch(value) is not None  # not match(): "$" also matches before a final newline
 
 
 def token(value: str) -> str:
     """`value` checked as one subject token (no dots, spaces or wildcards)."""
-    if not _TOKEN.match(value):
+    if not is_token(value):
         raise WireError(f"{value!r} cannot be used in a subject: use letters, digits, '-' and '_'")
     return value
 
@@ -195,6 +196,16 @@ M = TypeVar("M", bound=BaseModel)
 
 def encode(message: BaseModel) -> bytes:
     return message.model_dump_json().encode()
+
+
+def op_of(data: bytes) -> str | None:
+    """The op id a message names, read leniently from a message that did not decode; None when
+    it names none that is a valid token."""
+    try:
+        op = json.loads(data).get("op")
+    except (ValueError, AttributeError):
+        return None
+    return op if isinstance(op, str) and is_token(op) else None
 
 
 def decode(model: type[M], data: bytes) -> M:

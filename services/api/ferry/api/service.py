@@ -4,7 +4,6 @@ API then watches (streaming progress for checkpoints, restores and moves) until 
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.json_format import MessageToDict
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
@@ -20,6 +20,7 @@ from ferry.api.auth import TokenInterceptor
 from ferry.common import wire
 from ferry.common.bus import Bus, BusError
 from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
+from ferry.common.jobspec import check_request
 from ferry.common.models import TERMINAL_STATES, Event, Job, Op, OpKind, new_id
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
@@ -148,26 +149,10 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Ctx) -> pb.Job:
         async def build() -> wire.SchedulerCommand:
-            if not request.argv or not request.argv[0]:
-                raise UsageError("empty command: give the program to run after `--`")
-            name = request.name or f"job-{new_id('x')[2:8]}"
-            if not wire.is_token(name):
-                raise UsageError(f"bad job name {name!r}: use letters, digits, '-' and '_'")
-            if request.checkpoint_every_s < 0:
-                raise UsageError("--checkpoint-every must not be negative")
-            if request.cwd and not os.path.isabs(request.cwd):
-                raise UsageError(f"--cwd {request.cwd!r} must be an absolute path")
-            if min(request.cpus, request.memory_bytes, request.gpus, request.deadline_s, request.max_downtime_s) < 0:
-                raise UsageError("resources, --deadline and --max-downtime must not be negative")
-            if request.node:
-                await self.require_node(request.node)
-            spec = wire.JobSpec(
-                name=name, argv=list(request.argv), env=dict(request.env), cwd=request.cwd or "/",
-                node=request.node or None, checkpoint_every_s=request.checkpoint_every_s, priority=request.priority,
-                cpus=request.cpus, memory_bytes=request.memory_bytes, gpus=request.gpus,
-                deadline=time.time() + request.deadline_s if request.deadline_s else None,
-                max_downtime_s=request.max_downtime_s or None, gpu_model=request.gpu_model or None,
-                gpu_memory_bytes=request.gpu_memory_bytes, gpu_shared=request.gpu_shared)
+            checked = check_request(MessageToDict(request, preserving_proto_field_name=True))
+            if checked.node:
+                await self.require_node(checked.node)
+            spec = checked.to_spec(checked.name or f"job-{new_id('x')[2:8]}", time.time())
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
 
         return (await self.unary_op("SubmitJob", context, build)).job

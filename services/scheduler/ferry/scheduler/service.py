@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 
 from ferry.common import wire
-from ferry.common.errors import ConflictError, FerryError, UsageError
+from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError
 from ferry.common.models import (
     BUSY_STATES,
     Event,
@@ -91,7 +91,16 @@ class Scheduler(LiveMoves, ControlLoop, Service):
     # ---- commands from the API -------------------------------------------------------------
 
     async def on_command(self, msg: Msg) -> None:
-        cmd = wire.decode(wire.SchedulerCommand, msg.data)
+        try:
+            cmd = wire.decode(wire.SchedulerCommand, msg.data)
+        except wire.WireError as exc:
+            # a requester waits on the op the command names: end it rather than leave it waiting
+            op_id = wire.op_of(msg.data)
+            log.warning("refused a malformed command%s: %s", f" (op {op_id})" if op_id else "", exc)
+            if op_id is not None:
+                async with self.lock:
+                    await self.state.finish_op(op_id, error=str(exc), error_code=2)
+            return
         with _tracer.start_as_current_span(f"scheduler.{cmd.kind}", context=extract(msg.headers)) as span:
             span.set_attribute("ferry.op", cmd.op)
             span.set_attribute("ferry.job", cmd.job)
@@ -135,7 +144,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         if job is None:
             for other in await self.state.jobs():
                 if other.name == spec.name:
-                    raise ConflictError(f"a job named {spec.name!r} exists already ({other.id}, "
+                    raise AlreadyExistsError(f"a job named {spec.name!r} exists already ({other.id}, "
                                         f"{other.state}); pick another name")
             if spec.node:
                 await self.state.node(spec.node)

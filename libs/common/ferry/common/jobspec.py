@@ -1,0 +1,166 @@
+"""What a user may ask to run: the rules of a job request, checked in one place.
+
+The CLI checks a request before it contacts anything, and the API checks the same model again, so a
+client other than the CLI gets the same answers. Field names are those of the gRPC
+``SubmitJobRequest``, so the request maps to and from protobuf by name. Every refusal is one line
+naming the flag, as a :class:`UsageError` (exit code 2).
+"""
+
+import math
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ferry.common.errors import UsageError
+from ferry.common.units import format_bytes
+from ferry.common.wire import JobSpec, is_token
+
+NAME_MAX = 63  # a DNS label: fits Kubernetes and SLURM names and one NATS subject token
+NODE_MAX = 253
+GPU_MODEL_MAX = 64
+PATH_MAX = 4096
+ENV_MAX = 1024  # variables
+EXEC_MAX = 1 << 20  # bytes of argv and environment together (Linux allows 2 MiB with the default stack)
+CPUS_MAX = 4096
+GPUS_MAX = 1024
+BYTES_MAX = 1 << 50  # 1 PiB
+PRIORITY_MAX = 1_000_000
+DURATION_MAX = 10 * 365 * 86400.0  # ten years
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+FLAGS = {
+    "name": "--name", "argv": "command", "env": "--env", "cwd": "--cwd", "node": "--node",
+    "checkpoint_every_s": "--checkpoint-every", "priority": "--priority", "cpus": "--cpus",
+    "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
+    "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
+}
+_SIZES = {"memory_bytes", "gpu_memory_bytes"}
+
+
+class JobRequest(BaseModel):
+    """A job as submitted (``ferry run``, ``SubmitJob``); an empty name means: generate one."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
+
+    name: str = ""
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = ""
+    node: str = ""
+    checkpoint_every_s: float = Field(0.0, ge=0, le=DURATION_MAX)
+    priority: int = Field(0, ge=-PRIORITY_MAX, le=PRIORITY_MAX)
+    cpus: float = Field(0.0, ge=0, le=CPUS_MAX)
+    memory_bytes: int = Field(0, ge=0, le=BYTES_MAX)
+    gpus: int = Field(0, ge=0, le=GPUS_MAX)
+    deadline_s: float = Field(0.0, ge=0, le=DURATION_MAX)
+    max_downtime_s: float = Field(0.0, ge=0, le=DURATION_MAX)
+    gpu_model: str = Field("", max_length=GPU_MODEL_MAX)
+    gpu_memory_bytes: int = Field(0, ge=0, le=BYTES_MAX)
+    gpu_shared: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v and (len(v) > NAME_MAX or not is_token(v)):
+            raise ValueError(f"use 1 to {NAME_MAX} letters, digits, '-' and '_'")
+        return v
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        if not v or not v[0]:
+            raise ValueError("empty command: give the program to run after `--`, e.g. ferry run -- python train.py")
+        if any("\0" in a for a in v):
+            raise ValueError("bad command: an argument holds a NUL byte")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > ENV_MAX:
+            raise ValueError(f"at most {ENV_MAX} variables")
+        for key, value in v.items():
+            if not _ENV_KEY.fullmatch(key):
+                raise ValueError(f"variable name {key!r}: use letters, digits and '_', not starting with a digit")
+            if "\0" in value:
+                raise ValueError(f"the value of {key} holds a NUL byte")
+        return v
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, v: str) -> str:
+        if v and (not v.startswith("/") or "\0" in v or len(v) > PATH_MAX):
+            raise ValueError(f"must be an absolute path of at most {PATH_MAX} bytes")
+        return v
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str) -> str:
+        if v and (len(v) > NODE_MAX or not is_token(v)):
+            raise ValueError("no such node name: `ferry nodes` lists them")
+        return v
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _gpu_model(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("use printable characters, e.g. H100")
+        return v
+
+    def exec_bytes(self) -> int:
+        return sum(len(a) + 1 for a in self.argv) + sum(len(k) + len(v) + 2 for k, v in self.env.items())
+
+    def to_spec(self, name: str, now: float) -> JobSpec:
+        """The spec the scheduler gets; `name` replaces an empty one, the deadline becomes absolute."""
+        return JobSpec(
+            name=name, argv=self.argv, env=self.env, cwd=self.cwd or "/", node=self.node or None,
+            checkpoint_every_s=self.checkpoint_every_s, priority=self.priority, cpus=self.cpus,
+            memory_bytes=self.memory_bytes, gpus=self.gpus,
+            deadline=now + self.deadline_s if self.deadline_s else None,
+            max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
+            gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared)
+
+
+def check_request(fields: dict[str, Any]) -> JobRequest:
+    """`fields` as a valid request, or a one-line :class:`UsageError` naming the first bad flag."""
+    try:
+        request = JobRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise UsageError(_one_line(exc.errors()[0], fields)) from None
+    if request.exec_bytes() > EXEC_MAX:
+        raise UsageError(f"the command and --env together are {format_bytes(request.exec_bytes())}: "
+                         f"at most {format_bytes(EXEC_MAX)}")
+    return request
+
+
+def _one_line(error: Any, fields: dict[str, Any]) -> str:
+    loc = error.get("loc") or ("request",)
+    field = str(loc[0])
+    flag = FLAGS.get(field, field)
+    value = fields.get(field)
+    kind, ctx = error.get("type", ""), error.get("ctx") or {}
+    if kind == "finite_number":
+        why = "it must be a finite number"
+    elif kind in ("less_than_equal", "greater_than_equal"):
+        bound: float = ctx["le"] if "le" in ctx else ctx["ge"]
+        shown = format_bytes(bound) if field in _SIZES else f"{bound:g}" if isinstance(bound, float) else str(bound)
+        why = f"it must be {'at most' if kind == 'less_than_equal' else 'at least'} {shown}"
+    elif kind == "extra_forbidden":
+        return f"unknown field {field!r} in the job request"
+    else:
+        why = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    if field == "argv":
+        return why
+    shown_value = format_bytes(value) if field in _SIZES and isinstance(value, int) else _show(value)
+    return f"bad {flag}{' ' + shown_value if shown_value else ''}: {why}"
+
+
+def _show(value: Any) -> str:
+    if value is None or value == "" or isinstance(value, (list, dict)):
+        return ""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,71 @@
+"""The rules of a job request (ferry.common.jobspec): one line naming the flag, for every client."""
+
+import pytest
+
+from ferry.common import wire
+from ferry.common.errors import UsageError
+from ferry.common.jobspec import EXEC_MAX, check_request
+
+
+def refused(**fields: object) -> str:
+    with pytest.raises(UsageError) as info:
+        check_request({"argv": ["true"], **fields})
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_plain_request_passes_and_becomes_a_spec() -> None:
+    request = check_request({"name": "t1", "argv": ["python", "x.py"], "env": {"A_1": "x\ny"}, "cwd": "/tmp",
+                             "cpus": 1.5, "memory_bytes": "1024", "deadline_s": 60.0})
+    spec = request.to_spec("t1", now=1000.0)
+    assert spec.deadline == 1060.0 and spec.memory_bytes == 1024 and spec.cwd == "/tmp" and spec.node is None
+    assert check_request({"argv": ["true"]}).to_spec("gen", now=0).name == "gen"
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"cpus": float("nan")}, "bad --cpus nan: it must be a finite number"),
+        ({"cpus": "NaN"}, "bad --cpus 'NaN': it must be a finite number"),  # what protobuf's JSON gives
+        ({"checkpoint_every_s": float("inf")}, "bad --checkpoint-every inf: it must be a finite number"),
+        ({"memory_bytes": 2**60}, "bad --memory 1048576.0 TiB: it must be at most 1024.0 TiB"),
+        ({"priority": 10**23}, "bad --priority 100000000000000000000000: it must be at most 1000000"),
+        ({"priority": -(10**23)}, "bad --priority -100000000000000000000000: it must be at least -1000000"),
+        ({"gpus": 99999999999}, "bad --gpus 99999999999: it must be at most 1024"),
+        ({"cpus": -1}, "bad --cpus -1: it must be at least 0"),
+    ],
+)
+def test_numbers_must_be_finite_and_in_range(fields: dict[str, object], expected: str) -> None:
+    assert refused(**fields) == expected
+
+
+@pytest.mark.parametrize("name", ["t1\n", "a.b", "a b", "x" * 64, "ä"])
+def test_names_are_one_subject_token_of_at_most_63(name: str) -> None:
+    assert refused(name=name).startswith("bad --name")
+    assert check_request({"name": "x" * 63, "argv": ["true"]}).name == "x" * 63
+
+
+def test_environment_command_and_cwd() -> None:
+    assert "variable name 'A\\nB'" in refused(env={"A\nB": "c"})
+    assert refused(env={"1A": "c"}).startswith("bad --env")
+    assert refused(env={"A": "x\0y"}) == "bad --env: the value of A holds a NUL byte"
+    assert refused(argv=[]).startswith("empty command")
+    assert refused(argv=[""]).startswith("empty command")
+    assert refused(argv=["a\0b"]) == "bad command: an argument holds a NUL byte"
+    assert refused(cwd="relative").startswith("bad --cwd 'relative'")
+    assert refused(argv=["x" * EXEC_MAX]).startswith("the command and --env together are")
+    assert refused(bogus=1) == "unknown field 'bogus' in the job request"
+
+
+def test_tokens_end_at_the_end_of_the_string() -> None:
+    assert wire.is_token("node-1") and not wire.is_token("node-1\n") and not wire.is_token("")
+    with pytest.raises(wire.WireError):
+        wire.token("job\n")
+
+
+def test_the_op_of_an_undecodable_command_is_read_leniently() -> None:
+    assert wire.op_of(b'{"op": "op-1", "kind": "submit", "spec": {"cpus": NaN}}') == "op-1"
+    assert wire.op_of(b'{"op": "a.b"}') is None
+    assert wire.op_of(b"not json") is None
+    assert wire.op_of(b"[1]") is None
