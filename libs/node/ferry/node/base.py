@@ -25,6 +25,9 @@ LOGS_DIR = "ferry-logs"
 """In a checkpoint's files: the job's stdout and stderr as they were when it was frozen."""
 META_FILE = "ferry.json"
 """In a checkpoint's files: the job, its argv and where its output files were on the source node."""
+NODE_ACK_WAIT_S = 12.0
+"""A node command a dead service held goes to its successor after this long; handlers that work
+longer tell JetStream so every third of it (keep_alive)."""
 
 # Variables of the node service that a workload must not inherit.
 _PRIVATE_ENV_PREFIXES = ("FERRY_", "NATS_", "OTEL_")
@@ -61,7 +64,7 @@ class NodeService(Service):
             span.set_attribute("ferry.job", cmd.job.id)
             span.set_attribute("ferry.node", self.node_id)
             span.set_attribute("ferry.checkpoint", cmd.checkpoint or "")
-            alive_task = asyncio.create_task(keep_alive(msg))
+            alive_task = asyncio.create_task(keep_alive(msg, every=NODE_ACK_WAIT_S / 3))
             try:
                 async with lock:
                     await handler(cmd)

@@ -5,6 +5,8 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
+
 
 def alive(pid: int) -> bool:
     try:
@@ -35,3 +37,23 @@ def signal_tree(pid: int, sig: signal.Signals) -> None:
     for p in tree(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, sig)
+
+
+def dumps_of(pid: int) -> list[psutil.Process]:
+    """The `criu dump` processes working on the tree rooted at `pid` (``criu dump -t PID``)."""
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if proc.info["name"] != "criu" or "dump" not in argv:
+            continue
+        with contextlib.suppress(ValueError, IndexError):
+            if argv[argv.index("-t") + 1] == str(pid):
+                found.append(proc)
+    return found
+
+
+def wait_for_dumps_of(pid: int, timeout_s: float) -> bool:
+    """Waits until no CRIU dumps the tree of `pid` (one a dead predecessor started, say); False if
+    one still runs after `timeout_s`."""
+    _, still = psutil.wait_procs(dumps_of(pid), timeout=timeout_s)
+    return not still

@@ -49,18 +49,20 @@ from ferry.health.interruptions import AwsImds, AzureScheduledEvents, GcpMetadat
 from ferry.node.base import (
     LOGS_DIR,
     META_FILE,
+    NODE_ACK_WAIT_S,
     NodeService,
     kernel_release,
     read_meminfo_bytes,
     snapshot_logs,
     workload_env,
 )
-from ferry.node.procs import alive, signal_tree
+from ferry.node.procs import alive, signal_tree, wait_for_dumps_of
 from ferry.store.errors import StoreError
 from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 _tracer = tracer("checkpointer")
+ORPHAN_DUMP_WAIT_S = 120.0  # a 4 GiB dump takes about 10 s here
 
 
 
@@ -77,6 +79,7 @@ class Checkpointer(LiveSource, NodeService):
                                    else "post-copy is turned off here (FERRY_POSTCOPY=0)")
         self.criu_status = await asyncio.to_thread(self.criu.check)
         self.recover_live_moves()
+        await self.recover_interrupted_stops()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
         self.known_chunks: dict[str, set[str]] = {}
@@ -97,11 +100,48 @@ class Checkpointer(LiveSource, NodeService):
         await asyncio.gather(
             self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
                              subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
-                             handler=self.on_command, concurrency=4, ack_wait=60, stop=self.stopping),
+                             handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping),
             self.heartbeat_loop(),
             self.exit_watch_loop(),
             self.notice_loop(),
         )
+
+    async def recover_interrupted_stops(self) -> None:
+        """After a restart: a `checkpoint --stop` (or the source half of a cold move) whose service
+        died between CRIU's dump, which leaves the tree stopped, and the commit must not leave the job
+        stopped forever. Its stop marker, written before the dump, names the checkpoint: committed,
+        the stop is finished (the tree is killed, its exit reported as the checkpoint's); not
+        committed, the tree runs on. The redelivered command then does what was asked."""
+        for d in sorted(self.jobs_dir.iterdir()):
+            jd = JobDir(d)
+            shim = jd.read_shim()
+            if shim is None or jd.read_exit() is not None or self.live_marker(jd) is not None:
+                continue
+            marker = jd.path / f"stop-{shim.incarnation}"
+            if not marker.exists():
+                continue
+            # a CRIU its predecessor started may still be dumping the tree: let it end first
+            if not await asyncio.to_thread(wait_for_dumps_of, shim.pid, ORPHAN_DUMP_WAIT_S):
+                log.error("%s: a CRIU dump begun before the restart still runs after %.0fs", d.name,
+                          ORPHAN_DUMP_WAIT_S)
+            checkpoint = marker.read_text().strip()
+            committed = bool(checkpoint) and await asyncio.to_thread(self._committed, d.name, checkpoint)
+            if not alive(shim.pid):
+                continue
+            if committed:
+                log.warning("%s: checkpoint %s committed before a restart; finishing the stop", d.name, checkpoint)
+                signal_tree(shim.pid, signal.SIGKILL)
+            else:
+                log.warning("%s: its stop checkpoint %s did not commit before a restart; it runs on",
+                            d.name, checkpoint or "-")
+                signal_tree(shim.pid, signal.SIGCONT)
+                marker.unlink(missing_ok=True)
+
+    def _committed(self, job_id: str, checkpoint: str) -> bool:
+        try:
+            return self.store.read_manifest(job_id, checkpoint) is not None
+        except StoreError:
+            return False
 
     # ---- node record -----------------------------------------------------------------------
 
@@ -368,8 +408,8 @@ class Checkpointer(LiveSource, NodeService):
         assert cmd.checkpoint
         if cmd.data.get("fail") == "round":  # fault injection (tests): a pre-copy round's dump fails
             raise DumpFailed(f"injected failure during the pre-copy round {cmd.checkpoint}")
-        if cmd.stop:
-            stop_marker.touch()
+        if cmd.stop:  # durably, before anything freezes the job (recover_interrupted_stops reads it)
+            stop_marker.write_text(cmd.checkpoint)
         gpu: tuple[CudaCheckpointer, GpuDumpStats] | None = None
         cuda_pids: list[int] = await asyncio.to_thread(cuda_processes, pid) if job.gpu_uuids else []
         if cuda_pids:

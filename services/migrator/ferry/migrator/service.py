@@ -22,7 +22,7 @@ from ferry.gpu.cuda_checkpoint import default_checkpointer, resume_after_restore
 from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.live import LiveTarget
-from ferry.node.base import LOGS_DIR, META_FILE, NodeService
+from ferry.node.base import LOGS_DIR, META_FILE, NODE_ACK_WAIT_S, NodeService
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
 
@@ -45,7 +45,7 @@ class Migrator(LiveTarget, NodeService):
         assert self.bus is not None
         await self.bus.consume(stream=wire.CMD_STREAM, durable=f"migrator-{self.node_id}",
                                subject=wire.node_cmd_subject(self.node_id, "migrator"),
-                               handler=self.on_command, concurrency=2, ack_wait=60, stop=self.stopping)
+                               handler=self.on_command, concurrency=2, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping)
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
         return {"restore": self.restore, "live_restore": self.live_restore,

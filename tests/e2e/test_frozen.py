@@ -1,0 +1,86 @@
+"""A node service killed while a job is frozen for it never leaves the job frozen: the restarted
+service resumes or finishes what its predecessor froze, and the job's output stays whole."""
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, PY, Cluster, wait_until
+from tests.e2e.test_resilience import kill_service
+
+pytestmark = [pytest.mark.e2e, pytest.mark.criu]
+
+LINES = 500
+# 300 MiB of random bytes (incompressible: the upload takes a while), then a counter
+HOG = [PY, "-c", "import os, time\nbuf = os.urandom(300 << 20)\nprint('ready', flush=True)\n"
+       f"for i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.05)\n"]
+
+
+def workload_pid(cluster: Cluster, node: str, job_id: str) -> int:
+    shim = cluster.data_dir / "nodes" / node / "jobs" / job_id / "shim.json"
+    return int(json.loads(shim.read_text())["pid"])
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+@pytest.mark.parametrize("action", [["checkpoint", "--stop"], ["migrate", "--to", "node-2"]],
+                         ids=["checkpoint-stop", "cold-migrate"])
+def test_checkpointer_killed_while_the_job_is_stopped_for_it(cluster: Cluster, action: list[str]) -> None:
+    name = f"frozen-{action[0]}"
+    job = cluster.json("run", "--name", name, "--node", "node-1", "--", *HOG)
+    cluster.wait_lines(name, 3)
+    pid = workload_pid(cluster, "node-1", job["id"])
+    cmd = subprocess.Popen([str(BIN / "ferry"), action[0], name, *action[1:], "-o", "json"], env=cluster.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # CRIU's dump ends with the tree stopped (--leave-stopped, state T) until the upload commits
+    wait_until(lambda: proc_state(pid) == "T", 60, "the job to be stopped after its dump", interval=0.005)
+    kill_service(cluster, "checkpointer@node-1")
+    _, err = cmd.communicate(timeout=240)
+    # whatever the command answered, the job Ferry reports is what the job is
+    status = cluster.json("status", name)
+    if status["state"] == "running":
+        state = proc_state(workload_pid(cluster, status["node"], job["id"]))
+        assert state not in ("T", "t", "gone"), (state, status, err)
+    else:
+        assert cmd.returncode == 0 and status["state"] == "preempted", (status, err)
+        assert proc_state(pid) == "gone"
+        cluster.json("restore", name, "--node", "node-2")
+    assert cluster.ferry("wait", name, "--timeout", "180", check=False).returncode == 0
+    assert cluster.logs(name).splitlines() == ["ready", *map(str, range(LINES))]
+    assert proc_state(pid) == "gone"
+
+
+def test_a_frozen_job_left_by_a_dead_checkpointer_runs_on_at_its_restart(cluster: Cluster) -> None:
+    """The bare mechanism: the stop marker of a checkpoint that never committed, and a stopped tree."""
+    name = "frozen-bare"
+    job = cluster.json("run", "--name", name, "--node", "node-2", "--", "sh", "-c",
+                       "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done")
+    cluster.wait_lines(name, 3)
+    pid = workload_pid(cluster, "node-2", job["id"])
+    jobdir = cluster.data_dir / "nodes" / "node-2" / "jobs" / job["id"]
+    incarnation = json.loads((jobdir / "shim.json").read_text())["incarnation"]
+    old = cluster.service_pid("checkpointer@node-2")
+    os.kill(old, signal.SIGSTOP)  # hold the service while its state is set up as a crash leaves it
+    try:
+        (jobdir / f"stop-{incarnation}").write_text("ck-never-committed")
+        os.kill(pid, signal.SIGSTOP)
+        assert wait_until(lambda: proc_state(pid) == "T", 5, "the job to stop")
+    finally:
+        os.kill(old, signal.SIGKILL)
+        os.kill(old, signal.SIGCONT)
+    wait_until(lambda: cluster.service_pid("checkpointer@node-2") != old, 30, "the checkpointer to start again")
+    wait_until(lambda: proc_state(pid) not in ("T", "t"), 30, "the job to run again")
+    assert not (jobdir / f"stop-{incarnation}").exists()
+    n = cluster.logs(name).count("\n")
+    cluster.wait_lines(name, n + 5)
+    assert cluster.json("status", name)["state"] == "running"
+    cluster.ferry("kill", name)
