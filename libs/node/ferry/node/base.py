@@ -3,6 +3,7 @@ directories, progress reporting and event publishing."""
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -117,14 +118,16 @@ class NodeService(Service):
 def scratch_dir(configured: str, work_dir: Path, node_id: str) -> Path:
     """Where CRIU images are written before upload and rebuilt before restore: FERRY_SCRATCH_DIR,
     else a directory in /dev/shm when that is a tmpfs (images in memory: dump and restore do not
-    wait for a disk), else the node's work directory."""
+    wait for a disk), else the node's work directory. Per cluster and node: the name carries a
+    digest of the node's work directory, so two clusters on one host never share it."""
+    own = f"{node_id}-{hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:12]}"
     if configured:
-        return Path(configured) / node_id
+        return Path(configured) / own
     shm = Path("/dev/shm")
     with contextlib.suppress(OSError):
         if shm.is_dir() and any(line.split()[1:3] == ["/dev/shm", "tmpfs"]
                                 for line in Path("/proc/mounts").read_text().splitlines()):
-            return shm / "ferry" / node_id
+            return shm / "ferry" / own
     return work_dir / "scratch"
 
 
