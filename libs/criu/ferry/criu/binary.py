@@ -7,7 +7,7 @@ import platform
 import re
 import shutil
 
-__all__ = ["EXTRA_DIRS", "MIN_VERSION", "SETUP_HINT", "find_criu", "parse_version", "required_version"]
+__all__ = ["EXTRA_DIRS", "MIN_VERSION", "find_criu", "parse_version", "required_version", "setup_hint"]
 
 # CRIU lives in sbin, which a non-login root shell or a service unit often lacks on PATH.
 EXTRA_DIRS = ("/usr/local/sbin", "/usr/sbin")
@@ -17,7 +17,6 @@ EXTRA_DIRS = ("/usr/local/sbin", "/usr/sbin")
 MIN_VERSION = (4, 1)
 SOCKETS_MIN_VERSION = (4, 2)
 SOCKETS_KERNEL = (6, 16)
-SETUP_HINT = "run ./setup.sh, or install CRIU >= 4.2 (4.1 on kernels older than 6.16)"
 
 _KERNEL = re.compile(r"^(\d+)\.(\d+)")
 
@@ -28,6 +27,12 @@ def required_version(kernel_release: str | None = None) -> tuple[int, int]:
     if match and (int(match[1]), int(match[2])) >= SOCKETS_KERNEL:
         return SOCKETS_MIN_VERSION
     return MIN_VERSION
+
+
+def setup_hint() -> str:
+    """What to do about a missing or too old CRIU, for this kernel."""
+    major, minor = required_version()
+    return f"run ./setup.sh, or install CRIU >= {major}.{minor} (what kernel {platform.release()} needs)"
 
 _VERSION = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 

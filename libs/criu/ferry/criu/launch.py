@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from ferry.criu.binary import SETUP_HINT, find_criu
+from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import CriuError, CriuMissing, LaunchFailed, RestoreFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.runner import RESTORE_LOG
@@ -79,7 +79,7 @@ async def restore(
     """
     criu = find_criu(criu_bin)
     if criu is None:
-        raise CriuMissing(f"criu binary {criu_bin!r} not found: {SETUP_HINT}")
+        raise CriuMissing(f"criu binary {criu_bin!r} not found: {setup_hint()}")
     images_dir = _absolute(images_dir)
     cmd = [python, "-m", "ferry.criu.shim", "restore", "--job-dir", str(job_dir.path)]
     cmd += ["--incarnation", str(incarnation), "--images", str(images_dir), "--criu", criu]

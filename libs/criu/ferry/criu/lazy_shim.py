@@ -27,7 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from ferry.criu import shim
-from ferry.criu.binary import SETUP_HINT, find_criu
+from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import CriuMissing, RestoreFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import DEFAULT_TIMEOUT_S
@@ -64,7 +64,7 @@ class ArmedRestore:
     ) -> None:
         criu = find_criu(criu_bin)
         if criu is None:
-            raise CriuMissing(f"criu binary {criu_bin!r} not found: {SETUP_HINT}")
+            raise CriuMissing(f"criu binary {criu_bin!r} not found: {setup_hint()}")
         self.job_dir = job_dir
         self.images_dir = Path(images_dir).absolute()
         cmd = [python, "-m", "ferry.criu.lazy_shim", "--armed", "restore", "--job-dir", str(job_dir.path)]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ferry.criu.binary import SETUP_HINT, find_criu
+from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import CriuError, DumpFailed
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import DEFAULT_TIMEOUT_S
@@ -108,7 +108,7 @@ class LazySource:
             raise LiveMoveFailed(problem, source_running=not is_gone(self.pid))
         criu = find_criu(self.criu_bin)
         if criu is None:
-            raise LiveMoveFailed(f"criu binary {self.criu_bin!r} not found: {SETUP_HINT}", source_running=True)
+            raise LiveMoveFailed(f"criu binary {self.criu_bin!r} not found: {setup_hint()}", source_running=True)
         self.images.mkdir(parents=True, exist_ok=True)
         if any(self.images.iterdir()):
             raise LiveMoveFailed(f"images directory {self.images} is not empty", source_running=True)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ferry.criu.binary import SETUP_HINT, find_criu
+from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import RestoreFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import DEFAULT_TIMEOUT_S
@@ -58,7 +58,7 @@ class LazyTarget:
     ) -> None:
         criu = find_criu(criu_bin)
         if criu is None:
-            raise LiveMoveFailed(f"criu binary {criu_bin!r} not found: {SETUP_HINT}", source_running=True)
+            raise LiveMoveFailed(f"criu binary {criu_bin!r} not found: {setup_hint()}", source_running=True)
         self.criu = criu
         self.job_dir = job_dir
         self.images = Path(images).absolute()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import signal
 import subprocess
 import tempfile
@@ -15,7 +14,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict
 
-from ferry.criu.binary import SETUP_HINT, find_criu, parse_version, required_version
+from ferry.criu.binary import find_criu, parse_version, required_version, setup_hint
 from ferry.criu.errors import CriuMissing, DumpFailed, ImageError
 from ferry.criu.images import DumpStats, read_dump_stats
 from ferry.criu.linux import catches_signal, is_gone, ns_pids
@@ -106,7 +105,7 @@ class CriuRunner:
     def _check(self) -> CriuStatus:
         path = find_criu(self.criu_bin)
         if path is None:
-            return self._status_error(None, f"criu binary {self.criu_bin!r} not found: {SETUP_HINT}")
+            return self._status_error(None, f"criu binary {self.criu_bin!r} not found: {setup_hint()}")
         out = _run([path, "--version"])
         parsed = parse_version(out.stdout + out.stderr)
         if out.returncode != 0 or parsed is None:
@@ -115,8 +114,7 @@ class CriuRunner:
         need = required_version()
         if parsed[:2] < need:
             return self._status_error(
-                version, f"CRIU {version} is too old for kernel {platform.release()} (needs >= "
-                f"{need[0]}.{need[1]}): {SETUP_HINT}", path
+                version, f"CRIU {version} is too old: {setup_hint()}", path
             )
         chk = _run([path, "check"])
         if "Looks good" not in chk.stdout + chk.stderr:
@@ -135,7 +133,7 @@ class CriuRunner:
     def _require(self) -> str:
         path = find_criu(self.criu_bin)
         if path is None:
-            raise CriuMissing(f"criu binary {self.criu_bin!r} not found: {SETUP_HINT}")
+            raise CriuMissing(f"criu binary {self.criu_bin!r} not found: {setup_hint()}")
         return path
 
     # -- dump ------------------------------------------------------------------------------------
