@@ -102,7 +102,6 @@ def test_roundtrip_dedup_and_corruption(moto: MotoServer, tmp_path: Path) -> Non
         parent="c1",
         src_dir=src,
         page_maps=page_maps,
-        known_chunks=first.manifest.chunk_hashes(),
     )
     assert second.bytes_new_plain <= 0.1 * second.bytes_logical
     assert second.chunks_new == 1

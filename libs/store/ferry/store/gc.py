@@ -34,6 +34,7 @@ class GcResult(BaseModel):
     chunks_deleted: int = 0
     bytes_freed: int = 0
     chunks_kept: int = 0
+    quarantined_deleted: int = 0
     deferred: bool = False
 
 
@@ -82,7 +83,12 @@ def collect_garbage(backend: Backend, leases: Leases, *, workers: int, drain_tim
 
         groups = [orphans[i : i + _BATCH] for i in range(0, len(orphans), _BATCH)]
         run_all([partial(delete, g) for g in groups], workers)
+        # damaged chunks a restore or verify set aside: they hold process memory, so they go too
+        quarantined = list(backend.list("quarantine/"))
+        for key in quarantined:
+            backend.delete(key)
     return GcResult(
+        quarantined_deleted=len(quarantined),
         chunks_deleted=len(orphans),
         bytes_freed=sum(stored[h] for h in orphans),
         chunks_kept=len(stored) - len(orphans),

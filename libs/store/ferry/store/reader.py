@@ -8,6 +8,7 @@ caller discards it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 from functools import partial
@@ -20,6 +21,7 @@ from ferry.store.manifest import Manifest, chunk_key
 from ferry.store.parallel import Progress, run_all
 
 BATCH_BYTES = 8 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 def _create(target: Path, size: int) -> None:
@@ -35,6 +37,18 @@ def _write_at(fd: int, data: memoryview, offset: int) -> None:
     while data:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
+
+
+def quarantine(backend: Backend, digest: str, stored: bytes) -> None:
+    """Moves a damaged chunk out of the way (kept under ``quarantine/`` for a look): the next
+    checkpoint that holds those bytes uploads them again, which mends every checkpoint using it."""
+    try:
+        backend.put(f"quarantine/{digest}", stored)
+        backend.delete(chunk_key(digest))
+    except StoreError as exc:
+        log.warning("could not quarantine damaged chunk %s…: %s", digest[:12], exc)
+    else:
+        log.warning("damaged chunk %s… moved to quarantine/", digest[:12])
 
 
 class _Placer:
@@ -65,8 +79,10 @@ class _Placer:
         try:
             plain = self.codec.decode(stored, self.sizes[digest])
         except UndecodableChunk as exc:
+            quarantine(self.backend, digest, stored)
             raise self._corrupt(digest, f"undecodable: {exc}") from exc
         if hashlib.sha256(plain).hexdigest() != digest:
+            quarantine(self.backend, digest, stored)
             raise self._corrupt(digest, "hash mismatch")
         return plain
 

@@ -24,6 +24,8 @@ from ferry.store.leases import DEFAULT_TTL, Leases
 from ferry.store.manifest import Manifest, check_id, decode_manifest, manifest_key
 from ferry.store.reader import restore_files
 from ferry.store.retention import expired
+from ferry.store.verified import DEFAULT_TTL as VERIFY_TTL
+from ferry.store.verified import VerifiedChunks
 from ferry.store.writer import WriteResult, write_checkpoint
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,8 @@ class CheckpointStore:
 
     ``workers`` threads hash, compress and move chunks; ``zstd_level`` sets compression. Writers
     wait at most ``gc_wait`` seconds for a running gc; ``lease_ttl`` is when a lease left by a
-    crashed writer or gc stops counting.
+    crashed writer or gc stops counting; a job's chunks verified whole are trusted by its next
+    checkpoint for ``verify_ttl`` seconds.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class CheckpointStore:
         zstd_level: int = 1,
         gc_wait: float = 300.0,
         lease_ttl: float = DEFAULT_TTL,
+        verify_ttl: float = VERIFY_TTL,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, got {workers}")
@@ -53,6 +57,7 @@ class CheckpointStore:
         self.gc_wait = gc_wait
         self._codec = ChunkCodec(zstd_level)
         self._leases = Leases(backend, ttl=lease_ttl)
+        self._verified = VerifiedChunks(verify_ttl)
 
     def write_checkpoint(
         self,
@@ -64,17 +69,18 @@ class CheckpointStore:
         files: Sequence[str] | None = None,
         page_maps: Mapping[str, Sequence[tuple[int, int]]] | None = None,
         meta: Mapping[str, Any] | None = None,
-        known_chunks: set[str] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        verify_all: bool = False,
     ) -> WriteResult:
         """Store the files of ``src_dir`` as checkpoint ``checkpoint`` of ``job``.
 
         ``files`` (relative paths) defaults to every regular file under ``src_dir``, sorted.
         Files named in ``page_maps`` are CRIU pages images cut by virtual address (``page_spans``
         over their ``(vaddr, nr_pages)`` entries); others at fixed offsets. A chunk is uploaded
-        unless it is in ``known_chunks`` (hashes of a manifest that must still exist: if
-        ``parent``'s manifest is gone, they are ignored) or already stored. The manifest is
-        written last. ``progress(done, total)`` is called from worker threads, one call at a time.
+        unless the store holds it whole: written or verified for this job's newest checkpoint
+        within ``verify_ttl`` seconds (not with ``verify_all``: for final checkpoints), or read
+        back and verified now; a damaged copy is replaced (see ``ferry.store.verified``). The
+        manifest is written last. ``progress(done, total)`` is called from worker threads, one call at a time.
         Raises UsageError for bad input, ConflictError if the checkpoint exists, StoreError.
         """
         return write_checkpoint(
@@ -90,7 +96,8 @@ class CheckpointStore:
             files=files,
             page_maps=page_maps,
             meta=meta,
-            known_chunks=known_chunks,
+            verified=self._verified,
+            verify_all=verify_all,
             progress=progress,
         )
 

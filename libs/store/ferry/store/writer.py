@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import threading
@@ -24,8 +25,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ferry.common.errors import ConflictError, UsageError
 from ferry.store.backend import Backend
-from ferry.store.codec import ChunkCodec
-from ferry.store.errors import StoreError
+from ferry.store.codec import ChunkCodec, UndecodableChunk
+from ferry.store.errors import ObjectNotFound, StoreError
 from ferry.store.leases import Leases
 from ferry.store.manifest import (
     ChunkRef,
@@ -38,6 +39,9 @@ from ferry.store.manifest import (
 )
 from ferry.store.parallel import Progress, run_all
 from ferry.store.sources import SourceFile, plan_sources
+from ferry.store.verified import VerifiedChunks
+
+log = logging.getLogger(__name__)
 
 BATCH_BYTES = 8 * 1024 * 1024
 
@@ -51,17 +55,20 @@ class WriteResult(BaseModel):
     bytes_new_plain: int
     chunks_total: int
     chunks_new: int
+    chunks_repaired: int = 0  # stored copies found damaged and uploaded again
     seconds: float
 
 
 class _Uploads:
-    """Uploads each missing chunk once per write and counts what it uploaded."""
+    """Uploads each chunk the store lacks, or holds damaged, once per write, and counts it."""
 
-    def __init__(self, backend: Backend, codec: ChunkCodec, known: set[str]) -> None:
-        self._backend, self._codec = backend, codec
-        self._seen = known
+    def __init__(self, backend: Backend, codec: ChunkCodec, verified: VerifiedChunks, job: str,
+                 verify_all: bool) -> None:
+        self._backend, self._codec, self._verified = backend, codec, verified
+        self._job, self._verify_all = job, verify_all
+        self._seen: set[str] = set()
         self._lock = threading.Lock()
-        self.chunks_new = self.bytes_uploaded = self.bytes_new_plain = 0
+        self.chunks_new = self.bytes_uploaded = self.bytes_new_plain = self.chunks_repaired = 0
 
     def offer(self, digest: str, plain: memoryview) -> None:
         with self._lock:
@@ -70,18 +77,34 @@ class _Uploads:
             self._seen.add(digest)
         try:
             key = chunk_key(digest)
+            repaired = False
             if self._backend.exists(key):
-                return
+                trusted = not self._verify_all and self._verified.trusted(self._job, digest)
+                if trusted or self._stored_whole(key, digest, len(plain)):
+                    self._verified.mark(self._job, digest)
+                    return
+                log.warning("chunk %s… in the store is damaged: uploading it again", digest[:12])
+                repaired = True
             stored = self._codec.encode(plain)
             self._backend.put(key, stored)
+            self._verified.mark(self._job, digest)
         except BaseException:
             with self._lock:
                 self._seen.discard(digest)
             raise
         with self._lock:
             self.chunks_new += 1
+            self.chunks_repaired += repaired
             self.bytes_uploaded += len(stored)
             self.bytes_new_plain += len(plain)
+
+    def _stored_whole(self, key: str, digest: str, size: int) -> bool:
+        """Whether the stored copy decodes to bytes with this hash (a damaged one is replaced)."""
+        try:
+            plain = self._codec.decode(self._backend.get(key), size)
+        except (ObjectNotFound, UndecodableChunk):
+            return False
+        return hashlib.sha256(plain).hexdigest() == digest
 
 
 def _batches(source: SourceFile) -> list[tuple[int, int]]:
@@ -136,7 +159,8 @@ def write_checkpoint(
     files: Sequence[str] | None,
     page_maps: Mapping[str, Sequence[tuple[int, int]]] | None,
     meta: Mapping[str, Any] | None,
-    known_chunks: set[str] | None,
+    verified: VerifiedChunks,
+    verify_all: bool,
     progress: Callable[[int, int], None] | None,
 ) -> WriteResult:
     """See CheckpointStore.write_checkpoint."""
@@ -153,10 +177,7 @@ def write_checkpoint(
     with leases.writing(gc_wait):
         if backend.exists(key):
             raise ConflictError(f"checkpoint {checkpoint} of job {job} already exists; use a new checkpoint id")
-        known = set(known_chunks or ())
-        if known and parent is not None and not backend.exists(manifest_key(job, parent)):
-            known = set()  # its manifest is gone, so gc may have taken those chunks
-        uploads = _Uploads(backend, codec, known)
+        uploads = _Uploads(backend, codec, verified, job, verify_all)
         tasks: list[Callable[[], list[ChunkRef]]] = []
         owners: list[int] = []
         for index, source in enumerate(sources):
@@ -177,6 +198,7 @@ def write_checkpoint(
             meta=meta_dict,
         )
         backend.put(key, encode_manifest(manifest))
+        verified.keep_only(job, manifest.chunk_hashes())
     return WriteResult(
         manifest=manifest,
         bytes_logical=manifest.bytes_logical,
@@ -184,5 +206,6 @@ def write_checkpoint(
         bytes_new_plain=uploads.bytes_new_plain,
         chunks_total=sum(len(c) for c in chunks),
         chunks_new=uploads.chunks_new,
+        chunks_repaired=uploads.chunks_repaired,
         seconds=time.monotonic() - started,
     )

@@ -82,7 +82,6 @@ class Checkpointer(LiveSource, NodeService):
         await self.recover_interrupted_stops()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
-        self.known_chunks: dict[str, set[str]] = {}
         try:
             self.spec = (NodeSpec.model_validate_json(self.settings.node_spec) if self.settings.node_spec
                          else NodeSpec(id=self.node_id, cpus=os.cpu_count() or 1, memory=read_meminfo_bytes() or 1))
@@ -467,13 +466,12 @@ class Checkpointer(LiveSource, NodeService):
             result = await asyncio.to_thread(
                 self.store.write_checkpoint, job=job.id, checkpoint=cmd.checkpoint, parent=cmd.parent,
                 src_dir=images, page_maps=page_maps, meta={**meta, "record": preview.model_dump()},
-                known_chunks=self.known_chunks.get(job.id), progress=progress)
+                progress=progress, verify_all=cmd.stop)  # the job is killed once a final one commits
             record.upload_ms = (time.monotonic() - t0) * 1000
             span.set_attribute("ferry.bytes_uploaded", result.bytes_uploaded)
         record.bytes_logical = result.bytes_logical
         record.bytes_stored = result.bytes_uploaded
         record.bytes_uploaded = result.bytes_uploaded
-        self.known_chunks[job.id] = result.manifest.chunk_hashes()
         if cmd.stop:
             signal_tree(pid, signal.SIGKILL)
 
