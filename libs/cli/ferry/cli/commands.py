@@ -111,14 +111,15 @@ def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
 
 def _moved(args: argparse.Namespace, final: pb.OpUpdate, verb: str) -> int:
     job = final.job
+    fallback = json.loads(final.result_json or "{}").get("fallback")  # the checkpoint asked for did not verify
     if _json(args):
         d = job_dict(job)
         d.update({"op": final.op, "checkpoint": final.checkpoint.id or None, "restore_ms": final.restore_ms,
-                  "total_ms": final.total_ms})
+                  "total_ms": final.total_ms, "fallback": fallback})
         print_json(d)
     else:
         print(f"{job.name} {verb} on {job.node} from {final.checkpoint.id or job.last_checkpoint} "
-              f"in {final.total_ms / 1000:.1f}s")
+              f"in {final.total_ms / 1000:.1f}s" + (f" ({fallback})" if fallback else ""))
     return 0
 
 

@@ -161,6 +161,7 @@ class NodeEvent(Record):
     checkpoint: CheckpointRecord | None = None
     error: str | None = None
     error_code: int = 1
+    unverifiable: bool = False  # restore_failed: the checkpoint's data did not verify (not CRIU's failure)
     restore_ms: float | None = None
     deadline: float | None = None  # notice: when the node goes away
     deleted_checkpoints: list[str] = Field(default_factory=list)  # removed by the retention policy

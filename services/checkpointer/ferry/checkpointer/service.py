@@ -97,6 +97,7 @@ class Checkpointer(LiveSource, NodeService):
         assert self.bus is not None
         await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
         await asyncio.gather(
+            self.collect_garbage("a start (a crash may have left chunks of an unfinished checkpoint)"),
             self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
                              subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
                              handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping),
@@ -381,6 +382,7 @@ class Checkpointer(LiveSource, NodeService):
             log.warning("checkpoint %s of %s failed: %s", cmd.checkpoint, job.name, record.error)
             await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+            await self.collect_garbage(f"checkpoint {cmd.checkpoint} of {job.name} failed")
         else:
             record.total_ms = (time.monotonic() - t0) * 1000
             deleted = await self.apply_retention(job.id)
@@ -389,6 +391,18 @@ class Checkpointer(LiveSource, NodeService):
                                              deleted_checkpoints=deleted))
         finally:
             shutil.rmtree(images, ignore_errors=True)
+
+    async def collect_garbage(self, why: str) -> None:
+        """Deletes the chunks no checkpoint uses: those a failed or crashed write left behind. Safe
+        beside other writers (gc waits for them, see ferry.store.gc); a failure is only logged."""
+        try:
+            result = await asyncio.to_thread(self.store.gc)
+        except (StoreError, OSError) as exc:
+            log.warning("gc after %s failed: %s", why, exc)
+            return
+        if result.chunks_deleted or result.quarantined_deleted:
+            log.info("gc after %s: %d orphaned chunk(s), %d bytes, %d quarantined", why, result.chunks_deleted,
+                     result.bytes_freed, result.quarantined_deleted)
 
     async def apply_retention(self, job_id: str) -> list[str]:
         """Keeps the newest FERRY_KEEP_CHECKPOINTS checkpoints of a job (0: all); returns the rest,

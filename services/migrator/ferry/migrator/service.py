@@ -24,7 +24,7 @@ from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.live import LiveTarget
 from ferry.node.base import LOGS_DIR, META_FILE, NODE_ACK_WAIT_S, NodeService
 from ferry.node.procs import alive
-from ferry.store.errors import StoreError
+from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
 
 log = logging.getLogger(__name__)
 _tracer = tracer("migrator")
@@ -86,8 +86,10 @@ class Migrator(LiveTarget, NodeService):
             log.warning("%s", error)
             if (images / "restore.log").exists():
                 shutil.copyfile(images / "restore.log", jd.path / f"restore-{cmd.checkpoint}.log")
+            unverifiable = isinstance(exc, (ChunkCorrupt, ManifestCorrupt, ObjectNotFound))
             await self.report(wire.NodeEvent(kind="restore_failed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, error=error))
+                                             incarnation=cmd.incarnation, op=cmd.op, error=error,
+                                             unverifiable=unverifiable))
             return
         finally:
             shutil.rmtree(images, ignore_errors=True)

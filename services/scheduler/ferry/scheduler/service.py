@@ -31,6 +31,7 @@ from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.scheduler import policy
 from ferry.scheduler.control import ControlLoop
+from ferry.scheduler.fallback import older_checkpoint
 from ferry.scheduler.live import RESENDABLE, LiveMoves, live_phase, live_result
 from ferry.scheduler.state import ClusterState
 from ferry.scheduler.views import gpu_assignments, job_view, node_views
@@ -273,6 +274,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         await self.state.save_job(job, "restoring", f"from {ckpt_id} on {target}")
         op.state, op.phase, op.checkpoint, op.job = OpState.RUNNING, "restore", ckpt_id, job.id
         op.args["target"] = target
+        op.args["pinned"] = checkpoint_id is not None  # the user's pick: no other checkpoint instead
         await self.state.save_op(op)
         await self._send_restore(job, op)
 
@@ -491,6 +493,8 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         if op is not None and live_phase(op) == "switch":
             await self.on_live_target_failed(job, op, ev.error or "the live restore failed")
             return
+        if op is not None and ev.unverifiable and not op.args.get("pinned") and await self._restore_older(job, op, ev):
+            return
         source = str(op.args.get("source", "")) if op else ""
         if op and op.kind == OpKind.MIGRATE and source and source != ev.node and not op.args.get("rolled_back"):
             op.args["rolled_back"] = True
@@ -509,6 +513,28 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         if op and op.args.get("rolled_back"):
             error = f"{op.args.get('target_error')}; rolling back to {source} failed too: {error}"
         await self.state.finish_op(op_id, error=error, error_code=ev.error_code)
+
+    async def _restore_older(self, job: Job, op: Op, ev: wire.NodeEvent) -> bool:
+        """The checkpoint of a restore (a failover's, an evacuation's, one the user did not pick)
+        did not verify: restore the newest older one that may, saying which and why. False when
+        there is none left."""
+        assert op.checkpoint
+        failed = await self.state.bus.checkpoints.get(wire.ckpt_key(job.id, op.checkpoint))
+        unverifiable: dict[str, float] = dict(op.args.get("unverifiable", {}))
+        unverifiable[op.checkpoint] = failed.created if failed else now()
+        older = older_checkpoint(await self.state.bus.checkpoints.values(prefix=f"{job.id}."), unverifiable)
+        if older is None:
+            return False
+        why = f"{op.checkpoint} did not verify ({ev.error})"
+        op.args["unverifiable"] = unverifiable
+        op.result["fallback"] = f"{why}; restored {older.id} instead"
+        op.checkpoint = older.id
+        await self.state.save_op(op)
+        job.incarnation += 1
+        job.last_checkpoint = older.id
+        await self.state.save_job(job, "restore_fallback", f"{why}; restoring the older {older.id} on {job.node}")
+        await self._send_restore(job, op)
+        return True
 
     async def on_live_lost(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(job.op) if job.op else None
