@@ -90,7 +90,12 @@ def test_verification_reads_back_only_what_it_has_not_seen(tmp_path: Path) -> No
     store.write_checkpoint(job="j", checkpoint="ck-1", parent=None, src_dir=tmp_path / "src")
     reads: list[str] = []
     original_get = backend.get
-    backend.get = lambda key: reads.append(key) or original_get(key)  # type: ignore[method-assign]
+
+    def recording_get(key: str) -> bytes:
+        reads.append(key)
+        return original_get(key)
+
+    backend.get = recording_get  # type: ignore[method-assign]
     store.write_checkpoint(job="j", checkpoint="ck-2", parent="ck-1", src_dir=tmp_path / "src")
     assert [k for k in reads if k.startswith("chunks/")] == []  # verified when it uploaded them
     CheckpointStore(backend).write_checkpoint(job="j", checkpoint="ck-3", parent="ck-2", src_dir=tmp_path / "src")
