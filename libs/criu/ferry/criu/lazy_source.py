@@ -40,6 +40,7 @@ from ferry.criu.lazy_common import (
     tree_pids,
 )
 from ferry.criu.linux import is_gone
+from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.progress import last_write
 from ferry.criu.runner import DUMP_LOG
 from ferry.criu.sizes import read_sizes, write_size_script
@@ -136,7 +137,9 @@ class LazySource:
         argv += ["-t", str(self.pid), "-D", str(self.images), "-o", DUMP_LOG, "-v4"]
         argv += ["--leave-running", "--action-script", str(script), *self.extra_args]
         t0, started_at = time.monotonic(), time.time()
-        if not await self.dump.start(argv, self.timeout_s):
+        async with cwd_dump_lock(self.pid):  # until it listens, CRIU is past the parasite's /proc step
+            listening = await self.dump.start(argv, self.timeout_s)
+        if not listening:
             rc = await self.dump.wait(END_TIMEOUT_S)
             excerpt, reason = self.dump.failure()
             raise DumpFailed(f"criu dump --lazy-pages of pid {self.pid} failed (exit {rc}): {reason}",

@@ -19,6 +19,7 @@ from ferry.criu.errors import CriuMissing, DumpFailed, ImageError
 from ferry.criu.images import DumpStats, read_dump_stats
 from ferry.criu.linux import catches_signal, is_gone, ns_pids
 from ferry.criu.logs import failure_summary, first_error
+from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.sizes import SIZES_FILE, read_sizes, write_size_script
 
 __all__ = ["CriuRunner", "CriuStatus", "DumpResult", "kill_tree"]
@@ -167,9 +168,10 @@ class CriuRunner:
             if script is not None:
                 argv += ["--action-script", str(script)]
             argv += list(extra_args)
-            started = time.monotonic()
-            rc, output = await _run_to_end(argv)
-            wall_ms = (time.monotonic() - started) * 1000
+            async with cwd_dump_lock(pid):
+                started = time.monotonic()
+                rc, output = await _run_to_end(argv)
+                wall_ms = (time.monotonic() - started) * 1000
         finally:
             if script is not None:
                 script.unlink(missing_ok=True)
