@@ -151,7 +151,7 @@ class AllInOne:
 
     def supervise(self) -> None:
         self.run_chaos()
-        for child in self.children:
+        for child in [self.nats, *self.children]:  # NATS first: every service reconnects to it
             if child.proc is None or child.proc.poll() is None or self.stopping:
                 continue
             if child.name.partition("@")[2] in self.dead:

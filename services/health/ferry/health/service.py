@@ -1,7 +1,10 @@
 """The health service: watches node heartbeats and marks a silent node `lost`.
 
 It only reads heartbeats and writes node states; what to do about a lost node (failover) is the
-scheduler's decision.
+scheduler's decision. It tells a dead node from a dead bus: while NATS is down, paused or
+restarting, no node can beat, so silence counts only from the moment this service last saw the
+bus work again (its start, a reconnect, or the end of a sweep that failed or stalled). Nodes thus
+get a whole heartbeat timeout after an outage to beat again before anyone is declared lost.
 """
 
 import asyncio
@@ -21,24 +24,39 @@ class Health(Service):
 
     async def start(self) -> None:
         await self.connect()
+        self.bus_back_at = now()  # silence before this is the bus's, not the nodes'
+        self.reconnects = self.reconnect_count()
+
+    def reconnect_count(self) -> int:
+        assert self.bus is not None
+        return int(self.bus.nc.stats.get("reconnects", 0))
+
+    def bus_trouble(self, why: str) -> None:
+        log.warning("%s: nodes get %.1fs from now to beat before any is declared lost", why,
+                    self.settings.heartbeat_timeout_s)
+        self.bus_back_at = now()
 
     async def run(self) -> None:
         while not self.stopping.is_set():
             try:
                 await self.sweep()
-            except Exception:
-                log.exception("health sweep failed")
+            except Exception as exc:
+                self.bus_trouble(f"health sweep failed ({exc or type(exc).__name__})")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_interval_s)
 
     async def sweep(self) -> None:
         assert self.bus is not None
-        for key in await self.bus.nodes.keys():
-            found = await self.bus.nodes.get_rev(key)
-            if found is None:
-                continue
-            node, rev = found
-            silent = now() - node.heartbeat
+        if (count := self.reconnect_count()) != self.reconnects:
+            self.reconnects = count
+            self.bus_trouble("reconnected to NATS")
+        started = now()
+        nodes = [(key, *found) for key in await self.bus.nodes.keys() if (found := await self.bus.nodes.get_rev(key))]
+        if now() - started > self.settings.heartbeat_timeout_s / 2:  # NATS stalled (paused, a full disk)
+            self.bus_trouble(f"reading the nodes took {now() - started:.1f}s")
+            return
+        for key, node, rev in nodes:
+            silent = now() - max(node.heartbeat, self.bus_back_at)
             if node.state != NodeState.LOST and silent > self.settings.heartbeat_timeout_s:
                 node.state = NodeState.LOST
                 node.preemptions += 1  # a loss counts against the node's reliability, like a notice
