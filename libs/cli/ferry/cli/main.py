@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
+from ferry.cli.store import add_store_parser, cmd_store
 from ferry.common.errors import FerryError
 from ferry.common.faults import LIVE_PHASES
 
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "source: the source dies (page server and process) as the target starts")
 
     add_simulate_parser(sub, common)
+    add_store_parser(sub, common)
 
     p = add("events", "follow the event stream (one line per event; JSON lines with -o json)")
     p.add_argument("-f", "--follow", action="store_true", help="accepted for habit: events always follow")
@@ -175,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = cmd_up(args)
         elif args.cmd == "simulate":
             code = cmd_simulate(args)
+        elif args.cmd == "store":
+            code = cmd_store(args)
         else:
             if args.cmd == "run":
                 commands.validate_run(args)

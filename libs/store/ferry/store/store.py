@@ -18,7 +18,7 @@ from typing import Any
 from ferry.common.errors import UsageError
 from ferry.store.backend import Backend
 from ferry.store.codec import ChunkCodec
-from ferry.store.errors import ManifestCorrupt, ObjectNotFound
+from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.gc import GcResult, collect_garbage
 from ferry.store.leases import DEFAULT_TTL, Leases
 from ferry.store.manifest import Manifest, check_id, decode_manifest, manifest_key
@@ -26,6 +26,7 @@ from ferry.store.reader import restore_files
 from ferry.store.retention import expired
 from ferry.store.verified import DEFAULT_TTL as VERIFY_TTL
 from ferry.store.verified import VerifiedChunks
+from ferry.store.verify import StoreReport, verify_store
 from ferry.store.writer import WriteResult, write_checkpoint
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,17 @@ class CheckpointStore:
     def delete_checkpoint(self, job: str, checkpoint: str) -> None:
         """Delete the manifest (chunks go at the next gc); deleting a missing checkpoint is fine."""
         self.backend.delete(manifest_key(job, checkpoint))
+
+    def verify(self, *, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> StoreReport:
+        """Which kept checkpoints would restore (every manifest and distinct chunk read and hashed);
+        with ``repair``, damaged chunks are quarantined and gc runs (see ``ferry.store.verify``)."""
+        report = verify_store(self.backend, self._codec, workers=self.workers, repair=repair, progress=progress)
+        if repair:
+            try:
+                report.orphans_deleted = self.gc().chunks_deleted
+            except StoreError as exc:  # an unreadable manifest stops gc: its chunks are unknown
+                report.gc_error = str(exc)
+        return report
 
     def gc(self, *, drain_timeout: float = 30.0) -> GcResult:
         """Delete chunks no manifest references (see ``ferry.store.gc`` for concurrent writers)."""

@@ -1,0 +1,103 @@
+"""Checking a whole store: which kept checkpoints would restore, and why the others would not.
+
+Every manifest is read and checked (its digest), then every distinct chunk any of them uses is
+fetched, decoded and hashed once. With ``repair``, damaged chunks are quarantined (the next
+checkpoint holding those bytes uploads them again, mending every checkpoint that uses them) and gc
+removes what no checkpoint uses. Nothing else is ever deleted: a checkpoint that does not restore
+is reported, not removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from functools import partial
+
+from pydantic import BaseModel
+
+from ferry.store.backend import Backend
+from ferry.store.codec import ChunkCodec, UndecodableChunk
+from ferry.store.errors import ManifestCorrupt, ObjectNotFound
+from ferry.store.manifest import Manifest, chunk_key, decode_manifest
+from ferry.store.parallel import Progress, run_all
+from ferry.store.reader import quarantine
+
+_MANIFEST = re.compile(r"manifests/([^/]+)/([^/]+)\.json")
+
+
+class CheckpointHealth(BaseModel):
+    job: str
+    checkpoint: str
+    restorable: bool
+    problem: str | None = None  # the first reason it would not restore
+
+
+class StoreReport(BaseModel):
+    checkpoints: list[CheckpointHealth]
+    chunks_checked: int
+    chunks_bad: int
+    bytes_read: int
+    quarantined: int = 0
+    orphans_deleted: int = 0
+    gc_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.restorable for c in self.checkpoints)
+
+
+def _chunk_problem(backend: Backend, codec: ChunkCodec, digest: str, size: int) -> tuple[str | None, int, bytes]:
+    """(why the chunk is bad or None, bytes read, the stored bytes)."""
+    try:
+        stored = backend.get(chunk_key(digest))
+    except ObjectNotFound:
+        return "missing from the store", 0, b""
+    try:
+        plain = codec.decode(stored, size)
+    except UndecodableChunk as exc:
+        return f"undecodable: {exc}", len(stored), stored
+    if hashlib.sha256(plain).hexdigest() != digest:
+        return "hash mismatch", len(stored), stored
+    return None, len(stored), stored
+
+
+def verify_store(backend: Backend, codec: ChunkCodec, *, workers: int, repair: bool,
+                 progress: Callable[[int, int], None] | None = None) -> StoreReport:
+    """See the module's doc; gc (with ``repair``) is the caller's, which holds the leases."""
+    health: list[CheckpointHealth] = []
+    manifests: list[Manifest] = []
+    for key in sorted(backend.list("manifests/")):
+        if not (m := _MANIFEST.fullmatch(key)):
+            continue
+        job, checkpoint = m.groups()
+        try:
+            manifest = decode_manifest(backend.get(key), checkpoint)
+        except ObjectNotFound:
+            continue  # deleted meanwhile
+        except ManifestCorrupt as exc:
+            health.append(CheckpointHealth(job=job, checkpoint=checkpoint, restorable=False, problem=exc.reason))
+            continue
+        manifests.append(manifest)
+    sizes = {ref.hash: ref.size for mf in manifests for f in mf.files for ref in f.chunks}
+    digests = sorted(sizes)
+    tracker = Progress(progress, len(digests))  # in chunks
+
+    def check(digest: str) -> tuple[str, str | None, int]:
+        problem, read, stored = _chunk_problem(backend, codec, digest, sizes[digest])
+        if problem is not None and stored and repair:
+            quarantine(backend, digest, stored)
+        tracker.add(1)
+        return digest, problem, read
+
+    results = run_all([partial(check, d) for d in digests], workers)
+    bad = {digest: problem for digest, problem, _ in results if problem is not None}
+    for mf in manifests:
+        first = next(((f.path, ref.hash) for f in mf.files for ref in f.chunks if ref.hash in bad), None)
+        problem = f"chunk {first[1][:12]}… of {first[0]}: {bad[first[1]]}" if first else None
+        health.append(CheckpointHealth(job=mf.job, checkpoint=mf.checkpoint, restorable=first is None,
+                                       problem=problem))
+    health.sort(key=lambda h: (h.job, h.checkpoint))
+    return StoreReport(checkpoints=health, chunks_checked=len(digests), chunks_bad=len(bad),
+                       bytes_read=sum(read for _, _, read in results),
+                       quarantined=sum(1 for p in bad.values() if p != "missing from the store") if repair else 0)
