@@ -5,8 +5,10 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import BIN, PY, Cluster, wait_until
@@ -16,8 +18,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
 LINES = 500
 # 300 MiB of random bytes (incompressible: the upload takes a while), then a counter
-HOG = [PY, "-c", "import os, time\nbuf = os.urandom(300 << 20)\nprint('ready', flush=True)\n"
-       f"for i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.05)\n"]
+
+
+def hog(lines: int) -> list[str]:
+    return [PY, "-c", "import os, time\nbuf = os.urandom(300 << 20)\nprint('ready', flush=True)\n"
+            f"for i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.05)\n"]
+
+
+HOG = hog(LINES)
+LONG_LINES = 1500  # runs for 75 s: outlives the checks after a move
+
 
 
 def workload_pid(cluster: Cluster, node: str, job_id: str) -> int:
@@ -84,3 +94,39 @@ def test_a_frozen_job_left_by_a_dead_checkpointer_runs_on_at_its_restart(cluster
     cluster.wait_lines(name, n + 5)
     assert cluster.json("status", name)["state"] == "running"
     cluster.ferry("kill", name)
+
+
+def copies(argv: list[str]) -> int:
+    return sum(1 for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == argv)
+
+
+def shim_restoring(jobdir: Path) -> bool:
+    return any("ferry.criu.shim" in (argv := p.info["cmdline"] or []) and "restore" in argv and str(jobdir) in argv
+               for p in psutil.process_iter(["cmdline"]))
+
+
+@pytest.mark.parametrize("action", [["restore", "--node", "node-2"], ["migrate", "--to", "node-2"]],
+                         ids=["restore", "cold-migrate"])
+def test_migrator_killed_during_a_restore_restores_once_and_soon(cluster: Cluster, action: list[str]) -> None:
+    """Before: the move waited out the 60 s ack wait; and the redelivered restore must never start a
+    second copy beside the one the dead migrator's shim is still restoring."""
+    name, argv = f"mig-{action[0]}", hog(LONG_LINES)
+    job = cluster.json("run", "--name", name, "--node", "node-1", "--", *argv)
+    cluster.wait_lines(name, 3)
+    if action[0] == "restore":
+        cluster.json("checkpoint", name, "--stop")
+    jobdir = cluster.data_dir / "nodes" / "node-2" / "jobs" / job["id"]
+    started = time.monotonic()
+    cmd = subprocess.Popen([str(BIN / "ferry"), action[0], name, *action[1:], "-o", "json"], env=cluster.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: shim_restoring(jobdir), 90, "the target's shim to restore", interval=0.005)
+    kill_service(cluster, "migrator@node-2")
+    _, err = cmd.communicate(timeout=180)
+    assert cmd.returncode == 0, err
+    assert time.monotonic() - started < 45
+    status = cluster.json("status", name)
+    assert status["state"] == "running" and status["node"] == "node-2"
+    time.sleep(15)  # past the ack wait: a redelivered restore would have started its copy by now
+    assert copies(argv) == 1
+    assert cluster.ferry("wait", name, "--timeout", "180", check=False).returncode == 0
+    assert cluster.logs(name).splitlines() == ["ready", *map(str, range(LONG_LINES))]

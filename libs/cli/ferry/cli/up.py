@@ -31,6 +31,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 CONTROL_PLANE = ("scheduler", "health", "pricing", "api")
 NODE_SERVICES = ("checkpointer", "migrator")
+JETSTREAM_MAX_BYTES = 4 << 30  # Ferry's state is small: records, events and queued commands
 
 
 def free_port() -> int:
@@ -101,8 +102,7 @@ class AllInOne:
         if args.store:
             env["FERRY_STORE_URL"] = args.store
         logs = self.data_dir / "logs"
-        self.nats = Child("nats", [find_nats_server(), "-js", "-sd", str(self.data_dir / "nats"), "-a", "127.0.0.1",
-                                   "-p", str(self.nats_port)], logs / "nats.log", env)
+        self.nats = Child("nats", [find_nats_server(), "-c", str(self.data_dir / "nats.conf")], logs / "nats.log", env)
         py = [sys.executable, "-m"]
         self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", env) for name in CONTROL_PLANE]
         self.node_children: dict[str, list[Child]] = {}
@@ -116,6 +116,20 @@ class AllInOne:
                               node_env) for svc in NODE_SERVICES]
             self.node_children[node] = [meta, *services]
             self.children.extend([meta, *services])
+
+    def write_nats_config(self) -> None:
+        """JetStream fsyncs before it acknowledges (the default, every 2 minutes, loses acknowledged
+        writes on power loss: bench/nats_sync.py measured 0.3 ms more per write) and may use at most
+        JETSTREAM_MAX_BYTES of the disk, so a full store cannot take the rest of it."""
+        store = str(self.data_dir / "nats").replace('"', '\\"')
+        (self.data_dir / "nats.conf").write_text(
+            f"listen: 127.0.0.1:{self.nats_port}\n"
+            "jetstream {\n"
+            f'  store_dir: "{store}"\n'
+            "  sync_interval: always\n"
+            f"  max_file_store: {JETSTREAM_MAX_BYTES}\n"
+            f"  max_memory_store: {64 << 20}\n"
+            "}\n")
 
     def metadata_url(self, node: str) -> str:
         return f"http://127.0.0.1:{self.metadata_ports[node]}"
@@ -207,6 +221,7 @@ class AllInOne:
         signal.signal(signal.SIGTERM, on_signal)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.write_nats_config()
             self.nats.start()
             wait_port("127.0.0.1", self.nats_port, 15)
             for child in self.children:

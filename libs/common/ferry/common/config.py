@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import ByteSize, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ferry.common.errors import ConfigError
@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     node_ip: str = "127.0.0.1"  # node services: where other nodes reach this one (a live move's page server)
     keep_checkpoints: int = Field(default=0, ge=0)  # per job, newest kept; 0 keeps all (then unused chunks go)
     scratch_dir: str = ""  # node services: where images are staged (default: /dev/shm if tmpfs, else work dir)
+    disk_reserve: ByteSize = ByteSize(256 << 20)  # node services: kept free in scratch and a local store
+
     node_spec: str = ""  # node services: JSON of ferry.common.cluster.NodeSpec (labels, capacity, price)
     # node services: interruption notice sources, "aws=URL,gcp=URL,azure=URL" (empty: none)
     interruption_sources: str = ""

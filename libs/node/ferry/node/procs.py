@@ -3,6 +3,7 @@
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -57,3 +58,27 @@ def wait_for_dumps_of(pid: int, timeout_s: float) -> bool:
     one still runs after `timeout_s`."""
     _, still = psutil.wait_procs(dumps_of(pid), timeout=timeout_s)
     return not still
+
+
+def restores_of(job_dir: Path, incarnation: int) -> list[psutil.Process]:
+    """The shims restoring incarnation `incarnation` of the job in `job_dir` (started by a node
+    service that may be gone: they outlive it)."""
+    want = ["--job-dir", str(job_dir), "--incarnation", str(incarnation)]
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "ferry.criu.shim" in argv and "restore" in argv and all(w in argv for w in want):
+            found.append(proc)
+    return found
+
+
+def wait_for_restores_of(job_dir: Path, incarnation: int, timeout_s: float) -> bool:
+    """Waits until such a restore ended: it succeeded (its monitor wrote shim.json and stays to
+    supervise the workload) or failed (no such shim is left); False if it still runs after
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (job_dir / "shim.json").exists() and restores_of(job_dir, incarnation):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -57,7 +57,9 @@ from ferry.node.base import (
     workload_env,
 )
 from ferry.node.procs import alive, signal_tree, wait_for_dumps_of
+from ferry.node.space import space_problem, tree_rss
 from ferry.store.errors import StoreError
+from ferry.store.local import LocalBackend
 from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,13 @@ class Checkpointer(LiveSource, NodeService):
                             d.name, checkpoint or "-")
                 signal_tree(shim.pid, signal.SIGCONT)
                 marker.unlink(missing_ok=True)
+
+    def space_problem(self, pid: int) -> str | None:
+        """Why a checkpoint of the tree of `pid` would not fit here (ferry.node.space), or None."""
+        places = {"scratch folder": self.scratch_dir}
+        if isinstance(self.store.backend, LocalBackend):
+            places["store"] = self.store.backend.root
+        return space_problem(tree_rss(pid), places, int(self.settings.disk_reserve))
 
     def _committed(self, job_id: str, checkpoint: str) -> bool:
         try:
@@ -360,6 +369,12 @@ class Checkpointer(LiveSource, NodeService):
         shim = jd.read_shim()
         if shim is None or shim.incarnation != cmd.incarnation or jd.read_exit() is not None or not alive(shim.pid):
             record.state, record.error = "failed", f"job {job.name} is not running on {self.node_id}"
+            await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
+            return
+        if (problem := await asyncio.to_thread(self.space_problem, shim.pid)) is not None:
+            record.state, record.error = "failed", problem  # refused before anything froze the job
+            log.warning("checkpoint %s of %s refused: %s", cmd.checkpoint, job.name, problem)
             await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
             return

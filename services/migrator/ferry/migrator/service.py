@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ferry.common import wire
+from ferry.common.errors import FerryError
 from ferry.common.service import service_main
 from ferry.common.tracing import tracer
 from ferry.criu.errors import CriuError
@@ -23,11 +24,12 @@ from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.live import LiveTarget
 from ferry.node.base import LOGS_DIR, META_FILE, NODE_ACK_WAIT_S, NodeService
-from ferry.node.procs import alive
+from ferry.node.procs import alive, wait_for_restores_of
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
 
 log = logging.getLogger(__name__)
 _tracer = tracer("migrator")
+ORPHAN_RESTORE_WAIT_S = 120.0
 
 
 
@@ -54,6 +56,11 @@ class Migrator(LiveTarget, NodeService):
     async def restore(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)
         assert cmd.checkpoint
+        # A redelivery after this service was killed midway: the shim it started outlives it and may
+        # still be restoring. Let it end rather than start a second copy beside it.
+        if not await asyncio.to_thread(wait_for_restores_of, jd.path, cmd.incarnation, ORPHAN_RESTORE_WAIT_S):
+            raise FerryError(f"a restore of {job.name} begun before a restart still runs after "
+                             f"{ORPHAN_RESTORE_WAIT_S:.0f}s")  # redelivered later
         shim = jd.read_shim()
         if shim is not None and shim.incarnation == cmd.incarnation:
             if jd.read_exit() is None and alive(shim.pid):  # restored before a restart of this service
