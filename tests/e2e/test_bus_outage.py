@@ -1,31 +1,20 @@
 """A dead or paused bus is not a dead node: `ferry up` restarts NATS like any service, and after an
 outage longer than the heartbeat timeout no node is declared lost and no job is restarted."""
 
-import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Cluster, wait_until
-from tests.e2e.test_control import SMALL, make_cluster
+from tests.e2e.test_frozen import workload_pid
 from tests.e2e.test_resilience import COUNTER, kill_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
 TIMEOUT_S = 3.0  # the heartbeat timeout of make_cluster's clusters (FAST)
-
-
-@pytest.fixture
-def small_cluster(criu_bin: str) -> Iterator[Cluster]:
-    yield from make_cluster(SMALL)
-
-
-def workload_pid(c: Cluster, node: str, job_id: str) -> int:
-    return int(json.loads((c.data_dir / "nodes" / node / "jobs" / job_id / "shim.json").read_text())["pid"])
 
 
 def assert_untouched(c: Cluster, name: str, job_id: str, pid: int) -> None:

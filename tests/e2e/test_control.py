@@ -48,11 +48,6 @@ def spot_cluster(criu_bin: str) -> Iterator[Cluster]:
     yield from make_cluster(CLUSTER)
 
 
-@pytest.fixture
-def small_cluster(criu_bin: str) -> Iterator[Cluster]:
-    yield from make_cluster(SMALL)
-
-
 def copies(argv: list[str]) -> int:
     """How many processes run exactly `argv` on this machine."""
     want = "\0".join(argv).encode()

@@ -3,13 +3,11 @@ fresh job's final checkpoint, and a failover whose newest checkpoint does not ve
 one before it, saying so."""
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BIN, PY, Cluster, wait_until
-from tests.e2e.test_control import SMALL, make_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -41,11 +39,6 @@ def test_a_damaged_chunk_does_not_spoil_a_fresh_jobs_final_checkpoint(cluster: C
     assert cluster.ferry("wait", "dmg-b", "--timeout", "120", check=False).returncode == 0
     assert cluster.logs("dmg-b").splitlines() == [str(i) for i in range(LINES)]
     cluster.ferry("kill", "dmg-a")
-
-
-@pytest.fixture
-def small_cluster(criu_bin: str) -> Iterator[Cluster]:
-    yield from make_cluster(SMALL)
 
 
 def test_failover_falls_back_to_the_newest_checkpoint_that_verifies(small_cluster: Cluster) -> None:
