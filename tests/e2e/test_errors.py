@@ -109,7 +109,9 @@ def test_corrupt_chunk_is_named_and_other_checkpoints_still_restore(cluster: Clu
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
 
-    line = one_line_error(cluster.ferry("restore", "corrupt", "--node", "node-2", check=False), 1)
+    # named explicitly: restored or refused, never replaced (without --checkpoint the older one is used)
+    line = one_line_error(cluster.ferry("restore", "corrupt", "--node", "node-2", "--checkpoint", second["id"],
+                                        check=False), 1)
     assert second["id"] in line and victim[:12] in line
     status = cluster.json("status", "corrupt")
     assert status["state"] == "preempted"
