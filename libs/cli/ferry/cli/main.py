@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "s3://bucket/prefix?endpoint=HOST:PORT for S3 or MinIO)")
     p.add_argument("--grpc", default="127.0.0.1:7070", help="HOST:PORT for the admin API")
     p.add_argument("--nats-port", type=int, default=0, help="port for the embedded NATS server (default: free)")
+    p.add_argument("--nats-cluster", type=int, default=1, metavar="N",
+                   help="run N NATS servers as one JetStream cluster (3: R3 streams and KV, any one may die)")
     p.add_argument("--cluster", metavar="FILE", help="YAML of simulated nodes with labels, capacity and price "
                                                      "(instead of --nodes)")
 

@@ -31,6 +31,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 CONTROL_PLANE = ("scheduler", "health", "pricing", "api")
 NODE_SERVICES = ("checkpointer", "migrator")
+MEMBER_RESTART_S = 5.0
 JETSTREAM_MAX_BYTES = 4 << 30  # Ferry's state is small: records, events and queued commands
 
 
@@ -65,6 +66,8 @@ class Child:
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     starts: list[float] = field(default_factory=list)
+    died_at: float | None = None  # when the supervisor first saw it dead
+    restart_after: float = 0.0  # seconds to wait before starting it again
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -93,16 +96,29 @@ class AllInOne:
         self.nodes = [s.id for s in specs]
         self.metadata_ports = {s.id: free_port() for s in specs}
         self.dead: set[str] = set()
-        self.nats_port = args.nats_port or free_port()
-        self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
+        members = getattr(args, "nats_cluster", 1)
+        if members < 1 or members == 2:
+            raise UsageError("--nats-cluster must be 1 or at least 3 (a JetStream cluster needs a majority)")
+        if members > 1 and args.nats_port:
+            raise UsageError("--nats-port names the port of a single NATS server; leave it out with --nats-cluster")
+        self.nats_ports = [args.nats_port or free_port()] + [free_port() for _ in range(members - 1)]
+        self.route_ports = [free_port() for _ in range(members)] if members > 1 else []
+        self.nats_port = self.nats_ports[0]
+        self.nats_url = ",".join(f"nats://127.0.0.1:{p}" for p in self.nats_ports)
         self.stopping = False
         env = dict(os.environ)
         env.update({"FERRY_NATS_URL": self.nats_url, "FERRY_DATA_DIR": str(self.data_dir), "FERRY_ADDR": self.addr,
                     "PYTHONUNBUFFERED": "1"})
+        if members > 1:
+            env["FERRY_NATS_REPLICAS"] = "3"  # every stream and bucket survives the loss of any one server
         if args.store:
             env["FERRY_STORE_URL"] = args.store
         logs = self.data_dir / "logs"
-        self.nats = Child("nats", [find_nats_server(), "-c", str(self.data_dir / "nats.conf")], logs / "nats.log", env)
+        # A cluster member comes back after the clients have moved to the live ones: reconnecting to
+        # a member whose JetStream still catches up stalls their requests for seconds.
+        self.nats_children = [Child(name, [find_nats_server(), "-c", str(self.data_dir / f"{name}.conf")],
+                                    logs / f"{name}.log", env, restart_after=MEMBER_RESTART_S if members > 1 else 0.0)
+                              for name in self.nats_names()]
         py = [sys.executable, "-m"]
         self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", env) for name in CONTROL_PLANE]
         self.node_children: dict[str, list[Child]] = {}
@@ -117,19 +133,29 @@ class AllInOne:
             self.node_children[node] = [meta, *services]
             self.children.extend([meta, *services])
 
+    def nats_names(self) -> list[str]:
+        return ["nats"] if len(self.nats_ports) == 1 else [f"nats-{i}" for i in range(1, len(self.nats_ports) + 1)]
+
     def write_nats_config(self) -> None:
         """JetStream fsyncs before it acknowledges (the default, every 2 minutes, loses acknowledged
         writes on power loss: bench/nats_sync.py measured 0.3 ms more per write) and may use at most
-        JETSTREAM_MAX_BYTES of the disk, so a full store cannot take the rest of it."""
-        store = str(self.data_dir / "nats").replace('"', '\\"')
-        (self.data_dir / "nats.conf").write_text(
-            f"listen: 127.0.0.1:{self.nats_port}\n"
-            "jetstream {\n"
-            f'  store_dir: "{store}"\n'
-            "  sync_interval: always\n"
-            f"  max_file_store: {JETSTREAM_MAX_BYTES}\n"
-            f"  max_memory_store: {64 << 20}\n"
-            "}\n")
+        JETSTREAM_MAX_BYTES of the disk, so a full store cannot take the rest of it. With
+        --nats-cluster, each server routes to the others (one JetStream cluster, R3 streams)."""
+        for i, name in enumerate(self.nats_names()):
+            store = str(self.data_dir / name).replace('"', '\\"')
+            text = (f"server_name: {name}\n"
+                    f"listen: 127.0.0.1:{self.nats_ports[i]}\n"
+                    "jetstream {\n"
+                    f'  store_dir: "{store}"\n'
+                    "  sync_interval: always\n"
+                    f"  max_file_store: {JETSTREAM_MAX_BYTES}\n"
+                    f"  max_memory_store: {64 << 20}\n"
+                    "}\n")
+            if self.route_ports:
+                routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.route_ports) if j != i)
+                text += (f"cluster {{\n  name: ferry\n  listen: 127.0.0.1:{self.route_ports[i]}\n"
+                         f"  routes: [{routes}]\n}}\n")
+            (self.data_dir / f"{name}.conf").write_text(text)
 
     def metadata_url(self, node: str) -> str:
         return f"http://127.0.0.1:{self.metadata_ports[node]}"
@@ -137,7 +163,7 @@ class AllInOne:
     def write_state(self) -> None:
         state = {"pid": os.getpid(), "nats_url": self.nats_url, "addr": self.addr, "nodes": self.nodes,
                  "dead": sorted(self.dead), "metadata": {n: self.metadata_url(n) for n in self.nodes},
-                 "services": {c.name: c.proc.pid if c.proc else None for c in [self.nats, *self.children]}}
+                 "services": {c.name: c.proc.pid if c.proc else None for c in [*self.nats_children, *self.children]}}
         tmp = self.data_dir / "up.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.data_dir / "up.json")
@@ -165,7 +191,7 @@ class AllInOne:
 
     def supervise(self) -> None:
         self.run_chaos()
-        for child in [self.nats, *self.children]:  # NATS first: every service reconnects to it
+        for child in [*self.nats_children, *self.children]:  # NATS first: every service reconnects to it
             if child.proc is None or child.proc.poll() is None or self.stopping:
                 continue
             if child.name.partition("@")[2] in self.dead:
@@ -173,6 +199,10 @@ class AllInOne:
             recent = [t for t in child.starts if time.monotonic() - t < 30]
             if len(recent) >= 5 and time.monotonic() - child.starts[-1] < 5:
                 continue  # crash loop: retry every 5 s
+            child.died_at = child.died_at or time.monotonic()
+            if time.monotonic() - child.died_at < child.restart_after:
+                continue
+            child.died_at = None
             print(f"ferry: {child.name} exited with {child.proc.returncode}; starting it again", flush=True)
             child.start()
             self.write_state()
@@ -222,8 +252,10 @@ class AllInOne:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.write_nats_config()
-            self.nats.start()
-            wait_port("127.0.0.1", self.nats_port, 15)
+            for server in self.nats_children:
+                server.start()
+            for port in self.nats_ports:
+                wait_port("127.0.0.1", port, 15)
             for child in self.children:
                 child.start()
             self.write_state()
@@ -251,12 +283,14 @@ class AllInOne:
                     child.stop(signal.SIGKILL)
                     child.proc.wait()
         killed = self.kill_workloads()
-        self.nats.stop()
-        if self.nats.proc is not None:
-            try:
-                self.nats.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.nats.stop(signal.SIGKILL)
+        for server in self.nats_children:
+            server.stop()
+        for server in self.nats_children:
+            if server.proc is not None:
+                try:
+                    server.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    server.stop(signal.SIGKILL)
         print(f"ferry: stopped ({killed} workloads ended)", flush=True)
 
 

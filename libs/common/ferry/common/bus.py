@@ -28,6 +28,9 @@ from ferry.common.tracing import inject
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+REQUEST_TIMEOUT_S = 2.0  # one KV request (they take milliseconds); a node is lost after 5 s of silence
+REQUEST_ATTEMPTS = 4
 Handler = Callable[[Msg], Awaitable[None]]
 
 
@@ -52,33 +55,54 @@ class Table(Generic[M]):
         found = await self.get_rev(key)
         return found[0] if found else None
 
+    async def _call(self, what: str, request: Callable[[], Awaitable[T]]) -> T:
+        """One KV request, bounded: a request sent to a server that then died would wait out the
+        whole JetStream timeout, while the client is already connected to another server of the
+        cluster. Retried a few times (every KV request here is idempotent, or a CAS whose conflict
+        the caller handles), then a BusError."""
+        for attempt in range(REQUEST_ATTEMPTS):
+            try:
+                return await asyncio.wait_for(request(), REQUEST_TIMEOUT_S)
+            except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+                    nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
+                if attempt == REQUEST_ATTEMPTS - 1:
+                    raise BusError(f"cannot {what} in {self._bucket}: {exc or type(exc).__name__}") from exc
+                await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")
+
     async def get_rev(self, key: str) -> tuple[M, int] | None:
         try:
-            entry = await self._kv.get(key)
+            entry = await self._call(f"read {key}", lambda: self._kv.get(key))
         except nats.js.errors.KeyNotFoundError:
             return None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read {key} from {self._bucket}: {exc or type(exc).__name__}") from exc
         if entry.value is None or entry.revision is None:
             return None
         return wire.decode(self._model, entry.value), entry.revision
 
     async def put(self, key: str, value: M) -> int:
-        return int(await self._kv.put(key, wire.encode(value)))
+        try:
+            return int(await self._call(f"write {key}", lambda: self._kv.put(key, wire.encode(value))))
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot write {key} to {self._bucket}: {exc or type(exc).__name__}") from exc
 
     async def create(self, key: str, value: M) -> int:
         try:
-            return int(await self._kv.create(key, wire.encode(value)))
+            return int(await self._call(f"create {key}", lambda: self._kv.create(key, wire.encode(value))))
         except nats.js.errors.KeyWrongLastSequenceError as exc:
             raise CasConflict(f"{key} exists already") from exc
 
     async def update(self, key: str, value: M, revision: int) -> int:
         try:
-            return int(await self._kv.update(key, wire.encode(value), last=revision))
+            return int(await self._call(f"update {key}",
+                                        lambda: self._kv.update(key, wire.encode(value), last=revision)))
         except nats.js.errors.KeyWrongLastSequenceError as exc:
             raise CasConflict(f"{key} changed meanwhile") from exc
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await self._kv.delete(key)
+            await self._call(f"delete {key}", lambda: self._kv.delete(key))
 
     async def keys(self, prefix: str = "") -> list[str]:
         """Keys starting with `prefix`, read from the bucket's stream state.
@@ -88,7 +112,8 @@ class Table(Generic[M]):
         """
         base = f"$KV.{self._bucket}."
         try:
-            info = await self._js.stream_info(f"KV_{self._bucket}", subjects_filter=f"{base}{prefix}>")
+            info = await self._call("list keys", lambda: self._js.stream_info(f"KV_{self._bucket}",
+                                                                               subjects_filter=f"{base}{prefix}>"))
         except nats.errors.Error as exc:
             raise BusError(f"cannot list {self._bucket}: {exc}") from exc
         subjects = info.state.subjects or {}
@@ -102,9 +127,10 @@ class Table(Generic[M]):
 class Bus:
     """One connection to NATS with Ferry's streams and KV buckets."""
 
-    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, replicas: int = 1) -> None:
         self.nc = nc
         self.js = js
+        self.replicas = replicas
         self.jobs: Table[Job]
         self.nodes: Table[Node]
         self.checkpoints: Table[CheckpointRecord]
@@ -114,22 +140,33 @@ class Bus:
         self._subs: list[Any] = []
 
     @classmethod
-    async def connect(cls, url: str, name: str, *, connect_timeout: float = 10.0) -> "Bus":
-        """Connects (retrying until `connect_timeout`) and makes sure streams and buckets exist."""
+    async def connect(cls, url: str, name: str, *, connect_timeout: float = 10.0, replicas: int = 1) -> "Bus":
+        """Connects (retrying until `connect_timeout`) and makes sure streams and buckets exist.
+
+        `url` may list several servers of one NATS cluster, comma-separated; streams and buckets
+        are created with `replicas` copies (3 on a three-server cluster: any one may die)."""
+        servers = [u.strip() for u in url.split(",") if u.strip()]
         deadline = asyncio.get_running_loop().time() + connect_timeout
         while True:
             try:
                 nc = await nats.connect(
-                    url, name=name, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+                    servers, name=name, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.5
                 )
                 break
             except (TimeoutError, OSError, nats.errors.Error) as exc:
                 if asyncio.get_running_loop().time() > deadline:
                     raise BusError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from exc
                 await asyncio.sleep(0.3)
-        bus = cls(nc, nc.jetstream(timeout=10))
-        await bus._ensure()
-        return bus
+        bus = cls(nc, nc.jetstream(timeout=10), replicas)
+        while True:  # a JetStream cluster answers "unavailable" until it has elected a leader
+            try:
+                await bus._ensure()
+                return bus
+            except BusError:
+                if asyncio.get_running_loop().time() > deadline + 30:
+                    await nc.close()
+                    raise
+                await asyncio.sleep(0.5)
 
     async def _ensure(self) -> None:
         try:
@@ -139,6 +176,7 @@ class Bus:
                     subjects=[wire.CMD_SUBJECTS],
                     retention=api.RetentionPolicy.WORK_QUEUE,
                     storage=api.StorageType.FILE,
+                    num_replicas=self.replicas,
                     duplicate_window=120,
                 )
             )
@@ -150,6 +188,7 @@ class Bus:
                     storage=api.StorageType.FILE,
                     max_age=7 * 86400,
                     max_msgs=1_000_000,
+                    num_replicas=self.replicas,
                     duplicate_window=120,
                 )
             )
@@ -173,7 +212,7 @@ class Bus:
         try:
             kv = await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            config = api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE)
+            config = api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE, replicas=self.replicas)
             kv = await self.js.create_key_value(config)
         return Table(self.js, kv, name, model)
 

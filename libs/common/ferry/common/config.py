@@ -20,7 +20,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FERRY_", extra="ignore")
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = "nats://127.0.0.1:4222"  # several servers of one cluster: comma-separated
+    nats_replicas: int = Field(default=1, ge=1, le=5)  # copies of each stream and KV bucket (3 on a 3-server cluster)
     store_url: str = ""  # empty: <data_dir>/store
     data_dir: Path = Path("/var/lib/ferry")
     addr: str = "127.0.0.1:7070"  # the gRPC admin API

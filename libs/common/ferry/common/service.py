@@ -44,7 +44,8 @@ class Service(ABC):
         return f"{self.name}.{self.instance}"
 
     async def connect(self) -> Bus:
-        self.bus = await Bus.connect(self.settings.nats_url, f"ferry-{self.name}-{self.instance}")
+        self.bus = await Bus.connect(self.settings.nats_url, f"ferry-{self.name}-{self.instance}",
+                                     replicas=self.settings.nats_replicas)
         return self.bus
 
     @abstractmethod
@@ -97,7 +98,8 @@ class Service(ABC):
 
 async def check(settings: Settings, service: str) -> bool:
     """True when `service` on this instance has beaten recently."""
-    bus = await Bus.connect(settings.nats_url, f"ferry-check-{service}", connect_timeout=3)
+    bus = await Bus.connect(settings.nats_url, f"ferry-check-{service}", connect_timeout=3,
+                            replicas=settings.nats_replicas)
     try:
         instance = settings.node_id or socket.gethostname()
         beat = await bus.services.get(f"{service}.{instance}")

@@ -17,9 +17,10 @@ from opentelemetry import trace
 
 from ferry.api import chaos, convert
 from ferry.api.auth import TokenInterceptor
+from ferry.api.errors import ErrorInterceptor, status_of
 from ferry.common import wire
 from ferry.common.bus import Bus, BusError
-from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
+from ferry.common.errors import FerryError, NotFoundError, UsageError
 from ferry.common.jobspec import check_request
 from ferry.common.models import TERMINAL_STATES, Event, Job, Op, OpKind, new_id
 from ferry.common.service import Service, service_main
@@ -30,21 +31,6 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 _tracer = tracer("api")
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
-
-_STATUS = {
-    UsageError: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFoundError: grpc.StatusCode.NOT_FOUND,
-    ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
-    BusError: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def status_of(exc: FerryError) -> grpc.StatusCode:
-    for cls, code in _STATUS.items():
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.UNKNOWN
-
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
     def __init__(self, bus: Bus, timeout_s: float, data_dir: Path) -> None:
@@ -82,15 +68,21 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
         sub = await self.bus.subscribe(wire.progress_subject(op.id), on_progress)
         try:
-            await self.bus.publish(wire.SCHEDULER_CMD, cmd, msg_id=op.id)
             deadline = time.monotonic() + self.timeout_s
+            # a bus that lost a server answers again within seconds: retry (the msg id dedups)
+            await self._until(deadline, lambda: self.bus.publish(wire.SCHEDULER_CMD, cmd, msg_id=op.id))
             while True:
                 while not updates.empty():
                     p = updates.get_nowait()
                     yield pb.OpUpdate(op=op.id, phase=p.phase, done_bytes=p.done, total_bytes=p.total)
-                current = await self.bus.ops.get(op.id)
-                if current is not None and current.finished:
-                    yield await self.final_update(current)
+                try:
+                    current = await self.bus.ops.get(op.id)
+                    final = await self.final_update(current) if current is not None and current.finished else None
+                except BusError as exc:
+                    log.warning("reading op %s: %s; trying again", op.id, exc)
+                    final = None
+                if final is not None:
+                    yield final
                     return
                 if time.monotonic() > deadline:
                     yield pb.OpUpdate(op=op.id, done=True, error_code=1, error=(
@@ -100,6 +92,18 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    @staticmethod
+    async def _until(deadline: float, attempt: Callable[[], Awaitable[None]]) -> None:
+        """`attempt()` until it stops raising BusError, or the last BusError after `deadline`."""
+        while True:
+            try:
+                await attempt()
+                return
+            except BusError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
 
     async def final_update(self, op: Op) -> pb.OpUpdate:
         update = convert.op_to_update(op)
@@ -363,6 +367,7 @@ class Api(Service):
     async def start(self) -> None:
         bus = await self.connect()
         interceptors = [TokenInterceptor(self.settings.token)] if self.settings.token else []
+        interceptors.append(ErrorInterceptor())
         self.server = grpc.aio.server(interceptors=interceptors)
         servicer = AdminServicer(bus, self.settings.api_timeout_s, self.settings.data_dir)
         pb_grpc.add_FerryAdminServicer_to_server(servicer, self.server)

@@ -3,8 +3,10 @@
 It only reads heartbeats and writes node states; what to do about a lost node (failover) is the
 scheduler's decision. It tells a dead node from a dead bus: while NATS is down, paused or
 restarting, no node can beat, so silence counts only from the moment this service last saw the
-bus work again (its start, a reconnect, or the end of a sweep that failed or stalled). Nodes thus
-get a whole heartbeat timeout after an outage to beat again before anyone is declared lost.
+bus work again (its start, a reconnect, the end of a sweep that failed or stalled, or a sweep in
+which every node, two or more, was silent at once: writes stall while reads answer when a
+cluster's stream leader is lost). Nodes thus get a whole heartbeat timeout after an outage to
+beat again before anyone is declared lost.
 """
 
 import asyncio
@@ -54,6 +56,12 @@ class Health(Service):
         nodes = [(key, *found) for key in await self.bus.nodes.keys() if (found := await self.bus.nodes.get_rev(key))]
         if now() - started > self.settings.heartbeat_timeout_s / 2:  # NATS stalled (paused, a full disk)
             self.bus_trouble(f"reading the nodes took {now() - started:.1f}s")
+            return
+        beating = [n for _, n, _ in nodes if n.state != NodeState.LOST]
+        if len(beating) >= 2 and all(now() - n.heartbeat > self.settings.heartbeat_timeout_s for n in beating):
+            # every node silent at once: their writes stall (a stream leader lost with a NATS
+            # server, say), while this service's reads still answer; the bus, not the nodes
+            self.bus_trouble(f"all {len(beating)} nodes went silent at once")
             return
         for key, node, rev in nodes:
             silent = now() - max(node.heartbeat, self.bus_back_at)

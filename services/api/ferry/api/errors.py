@@ -1,0 +1,68 @@
+"""Errors at the API's edge: every FerryError an RPC raises ends the call with its gRPC status.
+
+    UsageError       INVALID_ARGUMENT    (the CLI exits 2)
+    NotFoundError    NOT_FOUND           (the CLI exits 2)
+    ConflictError    FAILED_PRECONDITION
+    BusError         UNAVAILABLE         (NATS down or a server of its cluster lost: retry)
+    any other        UNKNOWN
+"""
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from ferry.common.bus import BusError
+from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
+
+_STATUS = {
+    UsageError: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    BusError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_of(exc: FerryError) -> grpc.StatusCode:
+    for cls, code in _STATUS.items():
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Catches what a handler did not: a FerryError never reaches the client as "Unexpected"."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                try:
+                    return await inner(request, context)
+                except FerryError as exc:
+                    await context.abort(status_of(exc), str(exc))
+
+            return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=handler.request_deserializer,
+                                                       response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except FerryError as exc:
+                    await context.abort(status_of(exc), str(exc))
+
+            return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=handler.request_deserializer,
+                                                        response_serializer=handler.response_serializer)
+        return handler
