@@ -43,7 +43,7 @@ trap 'on_error $LINENO' ERR
 # shellcheck source=/dev/null
 . /etc/os-release
 case "${VERSION_ID:-}" in 12|13) ;; *) say "warning: tested on Debian 12 and 13, this is ${PRETTY_NAME:-unknown}";; esac
-export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes
 
 apt_need() {  # installs the packages that are missing, only those
     local missing=() p

@@ -35,7 +35,7 @@ version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ];
 criu_version() { "$1" --version 2>/dev/null | awk '/^Version:/ {print $2}'; }
 good_criu() { local v; v=$(criu_version "$1") && [ -n "$v" ] && version_ge "$v" "$CRIU_MIN"; }
 
-export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes
 apt_update() { apt-get update -qq || die "apt-get update failed: check the machine's Debian mirrors in /etc/apt and run again"; }
 
 ensure_deb_src() {
