@@ -8,6 +8,8 @@ from pathlib import Path
 
 import psutil
 
+from ferry.criu.jobdir import JobDir
+
 
 def alive(pid: int) -> bool:
     try:
@@ -77,8 +79,14 @@ def wait_for_restores_of(job_dir: Path, incarnation: int, timeout_s: float) -> b
     supervise the workload) or failed (no such shim is left); False if it still runs after
     `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not (job_dir / "shim.json").exists() and restores_of(job_dir, incarnation):
+    while not _restored(job_dir, incarnation) and restores_of(job_dir, incarnation):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
     return True
+
+
+def _restored(job_dir: Path, incarnation: int) -> bool:
+    """Whether the shim of `incarnation` has written its shim.json (an older run's does not count)."""
+    shim = JobDir(job_dir).read_shim()
+    return shim is not None and shim.incarnation == incarnation
