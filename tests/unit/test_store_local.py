@@ -105,3 +105,19 @@ def test_fsync_mode_and_recreated_directories(tmp_path: Path) -> None:
     (tmp_path / "manifests" / "j").rmdir()
     backend.put("manifests/j/2.json", b"{}")  # its directory went away meanwhile
     assert list(backend.list("manifests/")) == ["manifests/j/2.json"]
+
+
+def test_a_write_on_a_read_only_disk_fails_as_the_store_s_error(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cleanup of the temporary file fails there too; its error must not replace the real one."""
+    import errno
+
+    backend = LocalBackend(tmp_path / "store")
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(BackendUnavailable, match=r"cannot write chunks/ab: Read-only file system"):
+        backend.put("chunks/ab", b"data")

@@ -9,6 +9,7 @@ faster) a machine crash may leave a damaged chunk, which a restore then reports 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -67,7 +68,8 @@ class LocalBackend:
                 finally:
                     os.close(dfd)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # on a read-only or full disk the cleanup fails too
+                tmp.unlink(missing_ok=True)
             raise self._fail("write", key, exc) from exc
 
     def get(self, key: str) -> bytes:
