@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.conftest import BIN, PY, Cluster, wait_until
+from tests.e2e.test_control import copies
 from tests.e2e.test_resilience import kill_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
@@ -94,10 +95,6 @@ def test_a_frozen_job_left_by_a_dead_checkpointer_runs_on_at_its_restart(cluster
     cluster.wait_lines(name, n + 5)
     assert cluster.json("status", name)["state"] == "running"
     cluster.ferry("kill", name)
-
-
-def copies(argv: list[str]) -> int:
-    return sum(1 for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == argv)
 
 
 def shim_restoring(jobdir: Path) -> bool:

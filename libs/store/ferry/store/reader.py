@@ -39,6 +39,24 @@ def _write_at(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
+def fetch_chunk(backend: Backend, codec: ChunkCodec, digest: str, size: int
+                ) -> tuple[memoryview | None, str | None, bytes]:
+    """A chunk read back and verified: (its plain bytes, None, the stored bytes) when whole, else
+    (None, why: "missing from the store", "undecodable: ..." or "hash mismatch", the stored bytes,
+    empty when missing). The store's other errors (unreachable, say) are raised."""
+    try:
+        stored = backend.get(chunk_key(digest))
+    except ObjectNotFound:
+        return None, "missing from the store", b""
+    try:
+        plain = codec.decode(stored, size)
+    except UndecodableChunk as exc:
+        return None, f"undecodable: {exc}", stored
+    if hashlib.sha256(plain).hexdigest() != digest:
+        return None, "hash mismatch", stored
+    return plain, None, stored
+
+
 def quarantine(backend: Backend, digest: str, stored: bytes) -> None:
     """Moves a damaged chunk out of the way (kept under ``quarantine/`` for a look): the next
     checkpoint that holds those bytes uploads them again, which mends every checkpoint using it."""
@@ -72,18 +90,11 @@ class _Placer:
         return ChunkCorrupt(self.manifest.checkpoint, digest, path, reason)
 
     def _plain(self, digest: str) -> memoryview:
-        try:
-            stored = self.backend.get(chunk_key(digest))
-        except ObjectNotFound as exc:
-            raise self._corrupt(digest, "missing from the store") from exc
-        try:
-            plain = self.codec.decode(stored, self.sizes[digest])
-        except UndecodableChunk as exc:
-            quarantine(self.backend, digest, stored)
-            raise self._corrupt(digest, f"undecodable: {exc}") from exc
-        if hashlib.sha256(plain).hexdigest() != digest:
-            quarantine(self.backend, digest, stored)
-            raise self._corrupt(digest, "hash mismatch")
+        plain, problem, stored = fetch_chunk(self.backend, self.codec, digest, self.sizes[digest])
+        if plain is None:
+            if stored:  # there, but damaged
+                quarantine(self.backend, digest, stored)
+            raise self._corrupt(digest, problem or "unreadable")
         return plain
 
     def __call__(self, digests: list[str]) -> None:

@@ -9,7 +9,6 @@ is reported, not removed.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from functools import partial
@@ -17,11 +16,11 @@ from functools import partial
 from pydantic import BaseModel
 
 from ferry.store.backend import Backend
-from ferry.store.codec import ChunkCodec, UndecodableChunk
+from ferry.store.codec import ChunkCodec
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound
-from ferry.store.manifest import Manifest, chunk_key, decode_manifest
+from ferry.store.manifest import Manifest, decode_manifest
 from ferry.store.parallel import Progress, run_all
-from ferry.store.reader import quarantine
+from ferry.store.reader import fetch_chunk, quarantine
 
 _MANIFEST = re.compile(r"manifests/([^/]+)/([^/]+)\.json")
 
@@ -47,21 +46,6 @@ class StoreReport(BaseModel):
         return all(c.restorable for c in self.checkpoints)
 
 
-def _chunk_problem(backend: Backend, codec: ChunkCodec, digest: str, size: int) -> tuple[str | None, int, bytes]:
-    """(why the chunk is bad or None, bytes read, the stored bytes)."""
-    try:
-        stored = backend.get(chunk_key(digest))
-    except ObjectNotFound:
-        return "missing from the store", 0, b""
-    try:
-        plain = codec.decode(stored, size)
-    except UndecodableChunk as exc:
-        return f"undecodable: {exc}", len(stored), stored
-    if hashlib.sha256(plain).hexdigest() != digest:
-        return "hash mismatch", len(stored), stored
-    return None, len(stored), stored
-
-
 def verify_store(backend: Backend, codec: ChunkCodec, *, workers: int, repair: bool,
                  progress: Callable[[int, int], None] | None = None) -> StoreReport:
     """See the module's doc; gc (with ``repair``) is the caller's, which holds the leases."""
@@ -84,11 +68,11 @@ def verify_store(backend: Backend, codec: ChunkCodec, *, workers: int, repair: b
     tracker = Progress(progress, len(digests))  # in chunks
 
     def check(digest: str) -> tuple[str, str | None, int]:
-        problem, read, stored = _chunk_problem(backend, codec, digest, sizes[digest])
+        _, problem, stored = fetch_chunk(backend, codec, digest, sizes[digest])
         if problem is not None and stored and repair:
             quarantine(backend, digest, stored)
         tracker.add(1)
-        return digest, problem, read
+        return digest, problem, len(stored)
 
     results = run_all([partial(check, d) for d in digests], workers)
     bad = {digest: problem for digest, problem, _ in results if problem is not None}

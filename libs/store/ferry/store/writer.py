@@ -25,8 +25,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ferry.common.errors import ConflictError, UsageError
 from ferry.store.backend import Backend
-from ferry.store.codec import ChunkCodec, UndecodableChunk
-from ferry.store.errors import ObjectNotFound, StoreError
+from ferry.store.codec import ChunkCodec
+from ferry.store.errors import StoreError
 from ferry.store.leases import Leases
 from ferry.store.manifest import (
     ChunkRef,
@@ -38,6 +38,7 @@ from ferry.store.manifest import (
     manifest_key,
 )
 from ferry.store.parallel import Progress, run_all
+from ferry.store.reader import fetch_chunk
 from ferry.store.sources import SourceFile, plan_sources
 from ferry.store.verified import VerifiedChunks
 
@@ -80,7 +81,7 @@ class _Uploads:
             repaired = False
             if self._backend.exists(key):
                 trusted = not self._verify_all and self._verified.trusted(self._job, digest)
-                if trusted or self._stored_whole(key, digest, len(plain)):
+                if trusted or self._stored_whole(digest, len(plain)):
                     self._verified.mark(self._job, digest)
                     return
                 log.warning("chunk %s… in the store is damaged: uploading it again", digest[:12])
@@ -98,13 +99,9 @@ class _Uploads:
             self.bytes_uploaded += len(stored)
             self.bytes_new_plain += len(plain)
 
-    def _stored_whole(self, key: str, digest: str, size: int) -> bool:
+    def _stored_whole(self, digest: str, size: int) -> bool:
         """Whether the stored copy decodes to bytes with this hash (a damaged one is replaced)."""
-        try:
-            plain = self._codec.decode(self._backend.get(key), size)
-        except (ObjectNotFound, UndecodableChunk):
-            return False
-        return hashlib.sha256(plain).hexdigest() == digest
+        return fetch_chunk(self._backend, self._codec, digest, size)[1] is None
 
 
 def _batches(source: SourceFile) -> list[tuple[int, int]]:
