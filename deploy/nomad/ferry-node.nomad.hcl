@@ -122,9 +122,8 @@ job "ferry-node" {
         destination = "local/ferry.yaml"
         change_mode = "noop" # a restart kills the workloads: restart by hand after moving them
         data        = <<-EOT
-        {{- range $i, $s := nomadService "nats" }}{{ if eq $i 0 }}
-        nats_url: nats://{{ $s.Address }}:{{ $s.Port }}
-        {{- end }}{{ end }}
+        nats_url: "{{ range $i, $s := nomadService "nats" }}{{ if $i }},{{ end }}nats://{{ $s.Address }}:{{ $s.Port }}{{ end }}"
+        nats_replicas: 3
         data_dir: /var/lib/ferry
         heartbeat_interval_s: 1.0
         heartbeat_timeout_s: 5.0

@@ -17,9 +17,8 @@ locals {
   image = "ghcr.io/ferry-project/ferry:0.1.0"
 
   ferry_config = <<-EOT
-  {{- range $i, $s := nomadService "nats" }}{{ if eq $i 0 }}
-  nats_url: nats://{{ $s.Address }}:{{ $s.Port }}
-  {{- end }}{{ end }}
+  nats_url: "{{ range $i, $s := nomadService "nats" }}{{ if $i }},{{ end }}nats://{{ $s.Address }}:{{ $s.Port }}{{ end }}"
+  nats_replicas: 3
   heartbeat_interval_s: 1.0
   heartbeat_timeout_s: 5.0
   drain_timeout_s: 20

@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -219,15 +221,50 @@ def test_statefulsets_name_an_existing_headless_service() -> None:
         assert sts["spec"]["volumeClaimTemplates"], f"StatefulSet {sts['metadata']['name']} has no volume"
 
 
-def test_nats_runs_jetstream_on_its_volume() -> None:
+NATS_SERVER = Path(sys.executable).parent / "nats-server"
+
+
+def nats_config_is_valid(text: str, env: dict[str, str]) -> None:
+    """nats-server itself parses the configuration (`-t`: test the file and exit)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "nats.conf"
+        conf.write_text(text.replace("store_dir: /data", f"store_dir: {tmp}/data"))
+        done = subprocess.run([str(NATS_SERVER), "-c", str(conf), "-t"], capture_output=True, text=True,
+                              env={**os.environ, **env}, timeout=30)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nats_is_a_three_server_jetstream_cluster_that_fsyncs() -> None:
     nats = the("StatefulSet", "nats")
+    replicas = nats["spec"]["replicas"]
+    assert replicas == 3
     (container,) = containers(nats)
     assert container["image"].split(":")[0] == "nats"
     args = container["args"]
-    assert "-js" in args and args[args.index("-sd") + 1] == "/data"
+    conf_path = Path(args[args.index("-c") + 1])
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    claims = {c["metadata"]["name"] for c in nats["spec"]["volumeClaimTemplates"]}
-    assert mounts["/data"] in claims
+    volumes = {v["name"]: v for v in pod_spec(nats)["volumes"]}
+    config_map = volumes[mounts[str(conf_path.parent)]]["configMap"]["name"]
+    text = the("ConfigMap", config_map)["data"][conf_path.name]
+    assert re.search(r"^\s*sync_interval:\s*always\s*$", text, re.MULTILINE), "JetStream must fsync before acking"
+    assert re.search(r"^\s*max_file_store:", text, re.MULTILINE), "JetStream needs a storage limit"
+    # the store sits on the claimed volume
+    store = re.search(r"^\s*store_dir:\s*(\S+)", text, re.MULTILINE)
+    assert store and mounts[store.group(1)] in {c["metadata"]["name"] for c in nats["spec"]["volumeClaimTemplates"]}
+    # every server has a route to every pod of the StatefulSet, by the headless service's names
+    headless = nats["spec"]["serviceName"]
+    routes = set(re.findall(r"nats-route://([\w.-]+):(\d+)", text))
+    expected = {(f"nats-{i}.{headless}.{NAMESPACE}.svc", "6222") for i in range(replicas)}
+    assert routes == expected
+    assert "cluster" in {p["name"] for p in the("Service", headless)["spec"]["ports"]}
+    assert any(v["name"] == "POD_NAME" for v in container["env"]) and "$POD_NAME" in text
+    nats_config_is_valid(text, {"POD_NAME": "nats-0"})
+    budget = the("PodDisruptionBudget", "nats")["spec"]
+    assert budget["maxUnavailable"] == 1 and budget["selector"]["matchLabels"] == nats["spec"]["selector"]["matchLabels"]
+
+
+def test_ferry_keeps_three_replicas_of_its_state(settings: Settings) -> None:
+    assert settings.nats_replicas == the("StatefulSet", "nats")["spec"]["replicas"]
 
 
 # -- Kubernetes: Ferry containers -----------------------------------------------------------------
@@ -561,7 +598,7 @@ def test_nomad_node_job_runs_on_every_client() -> None:
 def test_nomad_nats_job_runs_jetstream() -> None:
     text = hcl("nats.nomad.hcl")
     assert 'task "nats"' in text and 'name     = "nats"' in text
-    assert '"-js", "-sd", "/data"' in text
+    assert '"-c", "/local/nats.conf"' in text and 'destination = "/data"' in text
 
 
 def test_nomad_config_templates_name_real_settings() -> None:
@@ -595,3 +632,37 @@ def test_dockerfile_builds_the_image_on_debian_13_with_criu() -> None:
         assert f"ferry.{service}" in text, f"the image's smoke test skips ferry.{service}"
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore
+
+
+# -- Nomad: NATS ---------------------------------------------------------------------------------
+
+
+def test_nomad_nats_is_a_three_server_cluster_that_fsyncs() -> None:
+    text = (NOMAD / "nats.nomad.hcl").read_text()
+    assert re.search(r"^\s*count\s*=\s*3\s*$", text, re.MULTILINE)
+    assert re.search(r'operator\s*=\s*"distinct_hosts"', text)
+    match = re.search(r'destination\s*=\s*"local/nats.conf".*?data\s*=\s*<<-EOT\n(.*?)\n\s*EOT\n', text, re.DOTALL)
+    assert match, "nats.nomad.hcl renders no nats.conf"
+    template = textwrap.dedent(match.group(1))
+    assert "${" not in template and "%{" not in template, "HCL would interpolate the template"
+    assert re.search(r"^\s*sync_interval:\s*always\s*$", template, re.MULTILINE)
+    # what Nomad renders for three servers, which nats-server must accept
+    rendered = template.replace('{{ env "NOMAD_ALLOC_INDEX" }}', "1")
+    rendered = re.sub(r'\{\{- range nomadService "nats-cluster" \}\}\n(.*?)\n\s*\{\{- end \}\}',
+                      lambda m: "\n".join(m.group(1).replace("{{ .Address }}", f"10.0.0.{i}").replace("{{ .Port }}", "6222")
+                                          for i in range(1, 4)), rendered, flags=re.DOTALL)
+    assert "{{" not in rendered, rendered
+    nats_config_is_valid(rendered, {})
+
+
+@pytest.mark.parametrize("job", ["ferry.nomad.hcl", "ferry-node.nomad.hcl"])
+def test_nomad_ferry_jobs_use_every_nats_server_and_three_replicas(job: str, tmp_path: Path, clean_env: None) -> None:
+    text = (NOMAD / job).read_text()
+    line = re.search(r"^\s*nats_url: (.*)$", text, re.MULTILINE)
+    assert line and 'nomadService "nats"' in line.group(1)
+    rendered = re.sub(r"\{\{ range .*\{\{ end \}\}", "nats://10.0.0.1:4222,nats://10.0.0.2:4222", line.group(1))
+    path = tmp_path / "ferry.yaml"
+    path.write_text(f"nats_url: {rendered}\nnats_replicas: 3\n")
+    loaded = load_settings(path)
+    assert loaded.nats_url == "nats://10.0.0.1:4222,nats://10.0.0.2:4222"
+    assert re.search(r"^\s*nats_replicas: 3$", text, re.MULTILINE)
