@@ -3,7 +3,10 @@
 Each move is checked by what the workload prints (identical to an uninterrupted run) and by the
 processes on the machine (one running copy of the job, never two)."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -11,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import BIN, PY, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster, wait_until
+from tests.e2e.test_resilience import kill_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -198,3 +203,58 @@ def test_without_post_copy_a_live_move_copies_in_rounds_and_ships_only_the_delta
     assert c.json("status", "pre-hog")["node"] == "node-2"
     assert c.ferry("wait", "pre-hog", "--timeout", "300").returncode == 0
     assert c.logs("pre-hog") == want
+
+
+BIG_HOG = [PY, str(WORKLOADS / "memhog.py"), "--mib", "384", "--dirty-pct", "2", "--interval", "0.2",
+           "--rounds", "70"]
+
+
+def lazy_daemons() -> list[psutil.Process]:
+    """The `criu lazy-pages` processes on this machine (not the shell that records their exit)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"] or []
+        if len(argv) > 1 and Path(argv[0]).name == "criu" and argv[1] == "lazy-pages":
+            found.append(p)
+    return found
+
+
+@pytest.mark.parametrize("daemon", ["lives", "dies"])
+def test_migrator_killed_while_the_memory_arrives_finishes_or_undoes_the_move(cluster: Cluster, daemon: str) -> None:
+    """Before: the job stayed `migrating` with its source frozen and `kill` refused as busy. The
+    migrator is killed while the target runs on pages still arriving (its lazy-pages daemon held
+    still meanwhile, so the transfer cannot end first). When the daemon lives on, the restarted
+    migrator sees it end and the move completes; when it died too, the target cannot be trusted:
+    it is killed and the source resumes. Either way one copy runs and the output is unbroken."""
+    name = f"live-mig-{daemon}"
+    want = reference_output(BIG_HOG)
+    cluster.json("run", "--name", name, "--node", "node-1", "--", *BIG_HOG)
+    cluster.wait_lines(name, 3)
+    move = subprocess.Popen([str(BIN / "ferry"), "migrate", name, "--to", "node-2", "--live", "-o", "json"],
+                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: "still arriving" in (cluster.json("status", name).get("reason") or ""), 120,
+               "the target to run with its memory still arriving", interval=0.05)
+    (lazy,) = lazy_daemons()
+    group = os.getpgid(lazy.pid)
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        kill_service(cluster, "migrator@node-2")
+        if daemon == "dies":
+            os.killpg(group, signal.SIGKILL)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)
+    out, err = move.communicate(timeout=180)
+    status = cluster.json("status", name)
+    if daemon == "lives":
+        assert move.returncode == 0, err
+        assert json.loads(out)["to"] == "node-2"
+        assert status["state"] == "running" and status["node"] == "node-2", status
+    else:
+        assert move.returncode != 0 and "live move failed" in err and err.count("\n") == 1, err
+        assert status["state"] == "running" and status["node"] == "node-1", status
+    running = wait_until(lambda: (c := copies(BIG_HOG)) and len(c) == 1 and c, 20, "one running copy")
+    assert next(iter(running.values())) not in ("T", "t"), "a copy is left frozen"
+    assert not lazy_daemons()
+    assert cluster.ferry("wait", name, "--timeout", "300").returncode == 0
+    assert cluster.logs(name) == want

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -243,18 +244,33 @@ async def status_byte(fd: int, timeout_s: float) -> bool:
         loop.remove_reader(fd)
 
 
-class CriuProcess:
-    """One CRIU process run by a live move: its own session, output in a file, a status pipe."""
+_RECORD_EXIT = 'rc=0; "$@" || rc=$?; echo "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"; exit "$rc"'
+"""sh -c script for ``exit_file``: $0 is the file, "$@" the command."""
 
-    def __init__(self, what: str, log_path: Path) -> None:
+
+class CriuProcess:
+    """One CRIU process run by a live move: its own session, output in a file, a status pipe.
+
+    With ``exit_file`` it runs under a shell that writes its exit status there when it ends, so that
+    a successor of the service that started it (which cannot wait for it) learns how it ended."""
+
+    def __init__(self, what: str, log_path: Path, exit_file: Path | None = None) -> None:
         self.what = what
         self.log_path = log_path
+        self.exit_file = exit_file
         self.proc: asyncio.subprocess.Process | None = None
         self._out: IO[bytes] | None = None
         self._status = -1
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
     async def start(self, argv: list[str], timeout_s: float) -> bool:
         """Start it; wait for its status byte. False when it exited first."""
+        if self.exit_file is not None:
+            self.exit_file.unlink(missing_ok=True)
+            argv = ["/bin/sh", "-c", _RECORD_EXIT, str(self.exit_file), *argv]
         r, w = os.pipe2(os.O_CLOEXEC)
         self._status = r
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close(), after the process ended)
@@ -288,8 +304,8 @@ class CriuProcess:
     async def kill(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # its session's group: the shell and CRIU
+            os.killpg(self.proc.pid, signal.SIGKILL)
         await self.proc.wait()
 
     def failure(self) -> tuple[list[str], str]:

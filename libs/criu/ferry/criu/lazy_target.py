@@ -6,6 +6,10 @@
     shim = await tgt.start(address, port)   # the workload runs here (its pages still arriving)
     await tgt.wait_local()                  # every page is here; LiveMoveFailed when the transfer failed
     await tgt.kill()                        # undo: the target copy is gone (the source must resume)
+    tgt.forget()                            # after the caller reported the outcome
+
+While the daemon runs, ``live-target.json`` in the job's directory records it, so that a successor
+of a caller that died midway can finish the move (``ferry.criu.lazy_record``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ferry.criu.lazy_common import (
     LiveMoveFailed,
     transferred_pages,
 )
+from ferry.criu.lazy_record import LiveTargetRecord, forget_record, process_start_time, write_record
 from ferry.criu.lazy_shim import ArmedRestore
 from ferry.criu.progress import FirstWrite
 from ferry.criu.runner import kill_tree
@@ -55,6 +60,7 @@ class LazyTarget:
         python: str = sys.executable,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         extra_args: tuple[str, ...] = (),
+        op: str | None = None,
     ) -> None:
         criu = find_criu(criu_bin)
         if criu is None:
@@ -63,7 +69,11 @@ class LazyTarget:
         self.job_dir = job_dir
         self.images = Path(images).absolute()
         self.timeout_s = timeout_s
-        self.lazy = CriuProcess("criu lazy-pages", self.images / LAZY_LOG)
+        self.incarnation = incarnation
+        self.op = op
+        self.lazy = CriuProcess("criu lazy-pages", self.images / LAZY_LOG,
+                                exit_file=job_dir.path / f"lazy-pages-{incarnation}.rc")
+        self.record: LiveTargetRecord | None = None
         self.restore = ArmedRestore(job_dir, self.images, inherit=inherit, incarnation=incarnation,
                                     criu_args=["--lazy-pages", *extra_args], criu_bin=criu, python=python)
         self.shim: ShimInfo | None = None
@@ -91,10 +101,12 @@ class LazyTarget:
                 raise RestoreFailed(f"criu lazy-pages failed to start (exit {rc}): {reason}",
                                     log_excerpt=excerpt, log_path=str(self.lazy.log_path))
             self.lazy_start_ms = (time.monotonic() - t0) * 1000
+            self._record()
             self.watch = FirstWrite([self.job_dir.stdout, self.job_dir.stderr])
             self.watch.start()
             self.shim = await self.restore.go(self.timeout_s)
             self.running_at = time.time()
+            self._record(shim_pid=self.shim.pid, running_at=self.running_at)
             self.restore_ms = (time.monotonic() - t0) * 1000
             await self.restore.reap()
         except BaseException:
@@ -121,6 +133,24 @@ class LazyTarget:
                                  log_path=str(self.lazy.log_path))
         return transferred_pages(self.lazy.log_path)
 
+    def _record(self, **update: object) -> None:
+        if self.record is None:
+            pid = self.lazy.pid
+            assert pid is not None and self.lazy.exit_file is not None
+            self.record = LiveTargetRecord(incarnation=self.incarnation, op=self.op, lazy_pid=pid,
+                                           lazy_started=process_start_time(pid) or 0.0,
+                                           exit_file=str(self.lazy.exit_file), log_file=str(self.lazy.log_path),
+                                           images=str(self.images))
+        if update:
+            self.record = self.record.model_copy(update=update)
+        write_record(self.job_dir, self.record)
+
+    def forget(self) -> None:
+        """The caller has reported how the move ended: nobody needs to take it over."""
+        forget_record(self.job_dir)
+        if self.lazy.exit_file is not None:
+            self.lazy.exit_file.unlink(missing_ok=True)
+
     @property
     def first_write_at(self) -> float | None:
         return self.watch.at if self.watch is not None else None
@@ -133,6 +163,7 @@ class LazyTarget:
             await kill_tree(self.shim.pid, grace_s=0)
         await self.lazy.kill()
         self.close()
+        self.forget()
 
     def close(self) -> None:
         if self.watch is not None:

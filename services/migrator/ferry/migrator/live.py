@@ -5,6 +5,10 @@
                   in the background, wait until every page is here and report ``live_local`` with
                   what was measured, or ``live_lost`` when the transfer failed (the copy here is
                   killed first, so the job never runs twice).
+
+A migrator that died while a target's memory was still arriving left the daemon and the target
+running; its successor takes them over (``adopt_orphans`` at start, or a redelivered
+``live_restore``) and reports how the transfer ended, as the first would have.
 """
 
 import asyncio
@@ -15,7 +19,9 @@ from pathlib import Path
 
 from ferry.common import wire
 from ferry.criu.errors import CriuError
+from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import PAGE_SIZE, LiveMoveFailed
+from ferry.criu.lazy_record import OrphanTarget
 from ferry.criu.lazy_target import LazyTarget
 from ferry.node.base import LOGS_DIR, NodeService
 from ferry.node.procs import alive
@@ -32,6 +38,48 @@ class LiveTarget(NodeService):
 
     live_tasks: set["asyncio.Task[None]"]
     prepared: dict[str, tuple[int, LazyTarget]]
+    adopted: set[str]
+
+    def adopt_orphans(self) -> None:
+        """At start: every target a dead predecessor left with its memory still arriving."""
+        if not self.jobs_dir.is_dir():
+            return
+        for d in sorted(self.jobs_dir.iterdir()):
+            orphan = OrphanTarget.find(JobDir(d))
+            if orphan is not None:
+                self._adopt(d.name, orphan)
+
+    def _adopt(self, job_id: str, orphan: OrphanTarget) -> None:
+        if job_id in self.adopted:
+            return
+        self.adopted.add(job_id)
+        log.warning("taking over the live move of %s (incarnation %d) that a previous migrator left",
+                    job_id, orphan.record.incarnation)
+        task = asyncio.create_task(self._finish_orphan(job_id, orphan))
+        self.live_tasks.add(task)
+        task.add_done_callback(self.live_tasks.discard)
+
+    async def _finish_orphan(self, job_id: str, orphan: OrphanTarget) -> None:
+        r = orphan.record
+        try:
+            try:
+                pages = await orphan.wait_local(self.settings.api_timeout_s * 5)
+            except LiveMoveFailed as exc:
+                await self.report(wire.NodeEvent(kind="live_lost", node=self.node_id, job=job_id,
+                                                 incarnation=r.incarnation, op=r.op,
+                                                 error=f"the memory stopped coming from the source: {exc}"))
+                return
+            local_at = orphan.local_at or time.time()
+            data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
+                    "degraded_ms": (local_at - r.running_at) * 1000 if r.running_at else None,
+                    "local_at": local_at, "first_write_at": None, "adopted": True}
+            await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=job_id,
+                                             incarnation=r.incarnation, op=r.op, data=data))
+        finally:
+            orphan.forget()
+            Path(r.exit_file).unlink(missing_ok=True)
+            shutil.rmtree(r.images, ignore_errors=True)
+            self.adopted.discard(job_id)
 
     def live_images(self, cmd: wire.NodeCommand) -> Path:
         """Where a live move's images (all but memory) are staged here, for prepare and restore alike."""
@@ -49,7 +97,7 @@ class LiveTarget(NodeService):
             meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)).meta
             target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                 inherit={"stdout": str(meta["stdout_path"]), "stderr": str(meta["stderr_path"])},
-                                extra_args=tuple(cmd.data.get("criu_args", [])))
+                                extra_args=tuple(cmd.data.get("criu_args", [])), op=cmd.op)
             await target.arm()
         except (StoreError, CriuError, OSError, KeyError, TimeoutError) as exc:
             log.warning("could not prepare the live restore of %s (it will be slower): %s", job.name, exc)
@@ -69,11 +117,17 @@ class LiveTarget(NodeService):
     async def live_restore(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)
         shim = jd.read_shim()
+        orphan = OrphanTarget.find(jd)
         if shim is not None and shim.incarnation == cmd.incarnation:
             if jd.read_exit() is None and alive(shim.pid):  # a redelivery: it runs already
                 await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id,
                                                  incarnation=cmd.incarnation, op=cmd.op, pid=shim.pid))
+                if orphan is not None and orphan.record.incarnation == cmd.incarnation:
+                    self._adopt(job.id, orphan)  # its predecessor died before the memory was all here
             return
+        if orphan is not None and job.id not in self.adopted:  # a start its predecessor did not finish
+            await orphan.kill()
+            orphan.forget()
         d = cmd.data
         images = self.live_images(cmd)
         jd.path.mkdir(parents=True, exist_ok=True)
@@ -91,7 +145,7 @@ class LiveTarget(NodeService):
             images.mkdir(parents=True, exist_ok=True)
             target = prepared or LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                             inherit={"stdout": d["stdout_path"], "stderr": d["stderr_path"]},
-                                            extra_args=tuple(d.get("criu_args", [])))
+                                            extra_args=tuple(d.get("criu_args", [])), op=cmd.op)
             fetch = asyncio.to_thread(self.store.restore_files, manifest, images)
             # Python's start-up for the restore while the images come, unless prepared already
             await (fetch if prepared is not None else asyncio.gather(target.arm(), fetch))
@@ -142,4 +196,5 @@ class LiveTarget(NodeService):
             await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, data=data))
         finally:
+            target.forget()
             shutil.rmtree(images, ignore_errors=True)

@@ -42,6 +42,8 @@ class Migrator(LiveTarget, NodeService):
         await super().start()
         self.live_tasks = set()
         self.prepared = {}
+        self.adopted = set()
+        self.adopt_orphans()
 
     async def run(self) -> None:
         assert self.bus is not None
