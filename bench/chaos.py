@@ -17,6 +17,11 @@ operations (a checkpoint, a cold move). The faults:
     delete-chunk   a random chunk removed from the store
     store-outage   the store's chunks folder read-only for 3 to 8 s (a read-only bind mount over it):
                    every write fails as with a store that refuses writes, reads go on
+    full-disk      the disk under the cluster's state (NATS' stores and the checkpoint store) filled
+                   to the last byte for 3 to 8 s, then freed. That disk is a 3 GiB tmpfs of this run;
+                   the nodes' work directories, where the jobs write their output, are bind-mounted
+                   from the host's disk (a job whose own disk is full fails by itself, which no
+                   checkpoint can help)
 
 After each job it checks: the job ended ``succeeded`` (else *lost*, or *stuck* when it had not
 ended after 5 minutes), its output is identical to an uninterrupted run of the same command (else
@@ -31,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +53,9 @@ WORKLOADS = SHARED if SHARED.is_dir() else ROOT / "examples"
 PY = sys.executable
 FERRY = str(Path(PY).parent / "ferry")
 FAST = {"FERRY_HEARTBEAT_TIMEOUT_S": "3", "FERRY_HEARTBEAT_INTERVAL_S": "0.5", "FERRY_REBALANCE_EVERY_S": "600"}
-FAULTS = ("kill-service", "pause-service", "kill-nats", "kill-node", "corrupt-chunk", "delete-chunk", "store-outage")
+FAULTS = ("kill-service", "pause-service", "kill-nats", "kill-node", "corrupt-chunk", "delete-chunk", "store-outage",
+          "full-disk")
+STATE_DISK = "3g"  # the tmpfs that holds the cluster's state: NATS' stores and the checkpoint store
 
 
 def workload(i: int) -> list[str]:
@@ -58,8 +66,13 @@ def workload(i: int) -> list[str]:
 
 
 class Cluster:
-    def __init__(self, data: Path, nodes: int) -> None:
-        self.data = data
+    def __init__(self, data: Path, nodes: int, keep: bool = False) -> None:
+        self.data, self.keep = data, keep
+        self.host_nodes = data.parent / f"{data.name}-nodes"  # the nodes' work dirs, on the host's disk
+        self.host_nodes.mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STATE_DISK},mode=0700", "tmpfs", str(data)], check=True)
+        (data / "nodes").mkdir()
+        subprocess.run(["mount", "--bind", str(self.host_nodes), str(data / "nodes")], check=True)
         port = _free_port()
         self.env = {**os.environ, **FAST, "FERRY_ADDR": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([FERRY, "up", "--nodes", str(nodes), "--data-dir", str(data), "--grpc",
@@ -90,11 +103,19 @@ class Cluster:
         chunks = self.data / "store" / "chunks"
         while os.path.ismount(chunks):  # a store outage still under way
             subprocess.run(["umount", "-l", str(chunks)], check=False)
+        (self.data / "ballast").unlink(missing_ok=True)  # a full disk still under way
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        if self.keep:  # what the tmpfs held, for a look afterwards
+            shutil.copytree(self.data, self.data.parent / f"{self.data.name}-state", symlinks=True,
+                            ignore=shutil.ignore_patterns("nodes"), dirs_exist_ok=True)
+        subprocess.run(["umount", "-l", str(self.data / "nodes")], check=False)
+        subprocess.run(["umount", "-l", str(self.data)], check=False)
+        if not self.keep:
+            shutil.rmtree(self.host_nodes, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -169,6 +190,11 @@ def inject(c: Cluster, kind: str, rng: random.Random, dead: set[str], nodes: lis
         subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
         threading.Timer(outage, lambda: subprocess.run(["umount", "-l", str(folder)], check=False)).start()
         return f"store read-only for {outage:.1f}s"
+    if kind == "full-disk":
+        hold = rng.uniform(3, 8)
+        fill(c.data / "ballast")
+        threading.Timer(hold, lambda: (c.data / "ballast").unlink(missing_ok=True)).start()
+        return f"disk full for {hold:.1f}s"
     chunks = sorted((c.data / "store" / "chunks").glob("*"))
     if not chunks:  # nothing to damage yet: hit a service instead
         return inject(c, "kill-service", rng, dead, nodes)
@@ -182,11 +208,23 @@ def inject(c: Cluster, kind: str, rng: random.Random, dead: set[str], nodes: lis
     return f"corrupted chunk {victim.name[:12]}"
 
 
+def fill(path: Path) -> None:
+    """Writes `path` until not one more byte fits."""
+    block = b"\0" * (1 << 20)
+    with open(path, "ab", buffering=0) as f:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):
+            while True:
+                try:
+                    f.write(block[:size])
+                except OSError:
+                    break
+
+
 def _kind_of(what: str) -> str:
     """The fault that really hit (inject falls back to another when its first pick cannot)."""
     for prefix, kind in (("SIGKILL nats", "kill-nats"), ("SIGKILL", "kill-service"), ("SIGSTOP", "pause-service"),
                          ("kill-node", "kill-node"), ("corrupted", "corrupt-chunk"), ("deleted", "delete-chunk"),
-                         ("store read-only", "store-outage")):
+                         ("store read-only", "store-outage"), ("disk full", "full-disk")):
         if what.startswith(prefix):
             return kind
     raise AssertionError(what)
@@ -220,7 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dead: set[str] = set()
     per_job = [args.faults // args.jobs + (1 if i < args.faults % args.jobs else 0) for i in range(args.jobs)]
     with run_directory(args.data_dir, args.keep, "ferry-chaos-") as data:
-        c = Cluster(data, args.nodes)
+        c = Cluster(data, args.nodes, args.keep)
         t0 = time.monotonic()
         try:
             for i in range(args.jobs):

@@ -260,7 +260,8 @@ def test_nats_is_a_three_server_jetstream_cluster_that_fsyncs() -> None:
     assert any(v["name"] == "POD_NAME" for v in container["env"]) and "$POD_NAME" in text
     nats_config_is_valid(text, {"POD_NAME": "nats-0"})
     budget = the("PodDisruptionBudget", "nats")["spec"]
-    assert budget["maxUnavailable"] == 1 and budget["selector"]["matchLabels"] == nats["spec"]["selector"]["matchLabels"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"]["matchLabels"] == nats["spec"]["selector"]["matchLabels"]
 
 
 def test_ferry_keeps_three_replicas_of_its_state(settings: Settings) -> None:
@@ -648,9 +649,13 @@ def test_nomad_nats_is_a_three_server_cluster_that_fsyncs() -> None:
     assert re.search(r"^\s*sync_interval:\s*always\s*$", template, re.MULTILINE)
     # what Nomad renders for three servers, which nats-server must accept
     rendered = template.replace('{{ env "NOMAD_ALLOC_INDEX" }}', "1")
-    rendered = re.sub(r'\{\{- range nomadService "nats-cluster" \}\}\n(.*?)\n\s*\{\{- end \}\}',
-                      lambda m: "\n".join(m.group(1).replace("{{ .Address }}", f"10.0.0.{i}").replace("{{ .Port }}", "6222")
-                                          for i in range(1, 4)), rendered, flags=re.DOTALL)
+
+    def routes(m: re.Match[str]) -> str:
+        line = m.group(1).replace("{{ .Port }}", "6222")
+        return "\n".join(line.replace("{{ .Address }}", f"10.0.0.{i}") for i in range(1, 4))
+
+    rendered = re.sub(r'\{\{- range nomadService "nats-cluster" \}\}\n(.*?)\n\s*\{\{- end \}\}', routes, rendered,
+                      flags=re.DOTALL)
     assert "{{" not in rendered, rendered
     nats_config_is_valid(rendered, {})
 

@@ -22,6 +22,7 @@ from types import FrameType
 
 import grpc
 
+from ferry.cli.nats_guard import FULL_BYTES, RESERVE_BYTES, DiskReserve, ReserveAction, has_write_error, server_health
 from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
 from ferry.criu.jobdir import JobDir
@@ -32,6 +33,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 CONTROL_PLANE = ("scheduler", "health", "pricing", "api")
 NODE_SERVICES = ("checkpointer", "migrator")
 MEMBER_RESTART_S = 5.0
+DISK_CHECK_S = 1.0  # how often the free space and the NATS servers' health are looked at
 JETSTREAM_MAX_BYTES = 4 << 30  # Ferry's state is small: records, events and queued commands
 
 
@@ -104,6 +106,10 @@ class AllInOne:
         self.nats_ports = [args.nats_port or free_port()] + [free_port() for _ in range(members - 1)]
         self.route_ports = [free_port() for _ in range(members)] if members > 1 else []
         self.nats_port = self.nats_ports[0]
+        self.monitor_ports = [free_port() for _ in range(members)]
+        self.reserve = DiskReserve(self.data_dir / "nats-reserve")
+        self.disk_checked_at = 0.0
+        self.reserve_taken: list[float] = []
         self.nats_url = ",".join(f"nats://127.0.0.1:{p}" for p in self.nats_ports)
         self.stopping = False
         env = dict(os.environ)
@@ -150,7 +156,8 @@ class AllInOne:
                     "  sync_interval: always\n"
                     f"  max_file_store: {JETSTREAM_MAX_BYTES}\n"
                     f"  max_memory_store: {64 << 20}\n"
-                    "}\n")
+                    "}\n"
+                    f"http: 127.0.0.1:{self.monitor_ports[i]}\n")
             if self.route_ports:
                 routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.route_ports) if j != i)
                 text += (f"cluster {{\n  name: ferry\n  listen: 127.0.0.1:{self.route_ports[i]}\n"
@@ -191,6 +198,9 @@ class AllInOne:
 
     def supervise(self) -> None:
         self.run_chaos()
+        if time.monotonic() - self.disk_checked_at >= DISK_CHECK_S and not self.stopping:
+            self.disk_checked_at = time.monotonic()
+            self.guard_disk()
         for child in [*self.nats_children, *self.children]:  # NATS first: every service reconnects to it
             if child.proc is None or child.proc.poll() is None or self.stopping:
                 continue
@@ -205,6 +215,39 @@ class AllInOne:
             child.died_at = None
             print(f"ferry: {child.name} exited with {child.proc.returncode}; starting it again", flush=True)
             child.start()
+            self.write_state()
+
+    def guard_disk(self) -> None:
+        """Keeps NATS answering on a full disk (see ferry.cli.nats_guard): frees the reserve when the
+        disk fills, takes it back when there is room, and restarts a server whose stream hit a
+        write error once there is room to recover it."""
+        action = self.reserve.step()
+        if action is ReserveAction.RELEASE:
+            print(f"ferry: the disk under {self.data_dir} is full: released the {RESERVE_BYTES >> 20} MiB kept "
+                  "for NATS; free some space", flush=True)
+        elif action is ReserveAction.TAKE and len(self.reserve_taken) > 0:
+            print(f"ferry: space is back under {self.data_dir}: the reserve for NATS is kept again", flush=True)
+        if action is ReserveAction.TAKE:
+            self.reserve_taken.append(time.monotonic())
+        try:
+            room = self.reserve.free() >= FULL_BYTES
+        except OSError:
+            room = False
+        for server, port in zip(self.nats_children, self.monitor_ports, strict=True):
+            if not room or server.proc is None or server.proc.poll() is not None:
+                continue
+            health = server_health(port)
+            if health is None or not has_write_error(health):
+                continue
+            print(f"ferry: {server.name} cannot write its store ({health.get('error') or health.get('errors')}); "
+                  "restarting it", flush=True)
+            server.stop()
+            try:
+                server.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.stop(signal.SIGKILL)
+                server.proc.wait()
+            server.start()
             self.write_state()
 
     def run_chaos(self) -> None:
@@ -252,6 +295,7 @@ class AllInOne:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.write_nats_config()
+            self.guard_disk()  # takes the reserve before NATS writes anything
             for server in self.nats_children:
                 server.start()
             for port in self.nats_ports:
