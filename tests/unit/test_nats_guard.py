@@ -108,13 +108,14 @@ def test_server_health_of_nothing_is_none() -> None:
 
 def test_the_reserve_holds_real_blocks_and_is_released(tmp_path: Path) -> None:
     reserve = DiskReserve(tmp_path / "nats-reserve", size=4 * MiB)
-    assert not reserve.held
+    assert not reserve.path.exists()
     assert reserve.take()
     assert reserve.held and reserve.path.stat().st_blocks * 512 >= 4 * MiB
     assert not list(tmp_path.glob("*.tmp"))
     reserve.release()
-    assert not reserve.held
+    assert not reserve.path.exists()
     reserve.release()  # twice is fine
+    assert not reserve.held
 
 
 def test_step_takes_the_reserve_on_a_roomy_disk(tmp_path: Path) -> None:

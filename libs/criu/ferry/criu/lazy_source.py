@@ -42,7 +42,7 @@ from ferry.criu.lazy_common import (
 from ferry.criu.linux import is_gone
 from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.progress import last_write
-from ferry.criu.runner import DUMP_LOG
+from ferry.criu.runner import DUMP_LOG, DUMP_MOUNTS
 from ferry.criu.sizes import read_sizes, write_size_script
 
 __all__ = ["Frozen", "LazySource"]
@@ -134,7 +134,7 @@ class LazySource:
         outputs = [jd.stdout, jd.stderr]
         script = write_size_script(self.images, self.images, outputs)
         argv = [criu, "dump", "--lazy-pages", "--address", self.address, "--port", str(port)]
-        argv += ["-t", str(self.pid), "-D", str(self.images), "-o", DUMP_LOG, "-v4"]
+        argv += ["-t", str(self.pid), "-D", str(self.images), "-o", DUMP_LOG, "-v4", *DUMP_MOUNTS]
         argv += ["--leave-running", "--action-script", str(script), *self.extra_args]
         t0, started_at = time.monotonic(), time.time()
         async with cwd_dump_lock(self.pid):  # until it listens, CRIU is past the parasite's /proc step

@@ -8,10 +8,12 @@ import signal
 from functools import cache
 
 __all__ = [
+    "CLONE_NEWNS",
     "CLONE_NEWPID",
     "PR_SET_CHILD_SUBREAPER",
     "catches_signal",
     "is_gone",
+    "mount_own_proc",
     "ns_pids",
     "reset_signals",
     "set_child_subreaper",
@@ -19,6 +21,9 @@ __all__ = [
 ]
 
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -36,6 +41,26 @@ def _check(ret: int, what: str) -> None:
 def unshare(flags: int) -> None:
     """unshare(2). With CLONE_NEWPID the caller's next child is PID 1 of a new PID namespace."""
     _check(_libc().unshare(ctypes.c_int(flags)), "unshare")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return s.encode() if s is not None else None
+
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    _check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None), f"mount {target}")
+
+
+def mount_own_proc() -> None:
+    """For PID 1 of a new PID namespace: a mount namespace of its own, as the host's but private
+    (nothing mounted in it reaches the host), with a /proc that shows this PID namespace.
+
+    CRIU then dumps the tree's mounts too; each but that /proc is a copy of a host mount, which
+    ``--external mnt[]`` records as external and a restore binds from the same path on its host."""
+    unshare(CLONE_NEWNS)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def set_child_subreaper() -> None:

@@ -1,14 +1,14 @@
-"""One CRIU dump at a time per working directory on a host, and no stale ``proc.crtools``.
+"""One CRIU dump at a time per working directory on a host, for trees without a /proc of their own.
 
-A workload runs as PID 1 of its own PID namespace but sees the host's /proc, so CRIU's parasite
-in the tree's root task (criu/pie/parasite.c, ``get_proc_fd``) makes the directory
-``proc.crtools`` relative to that task's working directory, mounts the namespace's proc there,
-detaches it and removes the directory. Two dumps of trees that share a working directory then
-collide (``Can't create a directory (-17)``), and a directory a killed CRIU left behind fails every
-later dump of jobs there. Until a job has a mount namespace with a /proc of its own (it would make
-CRIU dump and rebuild the whole mount table), dumps of such trees take a host-wide lock on their
-working directory until CRIU is past that step, and a stale empty ``proc.crtools`` is removed
-under the lock.
+Ferry's jobs have their own /proc (``linux.mount_own_proc``), so CRIU's parasite opens it directly
+and this guard lets their dumps through at once. A tree whose PID namespace sees the host's /proc
+(one Ferry did not start) makes the parasite (criu/pie/parasite.c, ``get_proc_fd``) create the
+directory ``proc.crtools`` relative to the root task's working directory, mount the namespace's
+proc there, detach it and remove the directory. Two dumps of trees that share a working directory
+then collide (``Can't create a directory (-17)``), and a directory a killed CRIU left behind fails
+every later dump of jobs there. Dumps of such trees take a host-wide lock on their working
+directory until CRIU is past that step, and a stale empty ``proc.crtools`` is removed under the
+lock.
 """
 
 from __future__ import annotations
@@ -50,11 +50,19 @@ def remove_stale(cwd: str) -> bool:
     return True
 
 
+def has_own_proc(pid: int) -> bool:
+    """The /proc that `pid` sees is another proc than this process's (its PID namespace's own)."""
+    try:
+        return os.stat(f"/proc/{pid}/root/proc").st_dev != os.stat("/proc").st_dev
+    except OSError:
+        return False
+
+
 @contextlib.asynccontextmanager
 async def cwd_dump_lock(pid: int, lock_dir: Path = LOCK_DIR) -> AsyncIterator[None]:
     """Held while CRIU starts dumping the tree of `pid` (see the module's doc)."""
-    cwd = _cwd_of(pid)
-    if cwd is None:  # gone, or no working directory left to collide in
+    cwd = None if has_own_proc(pid) else _cwd_of(pid)
+    if cwd is None:  # its own /proc, gone, or no working directory left to collide in
         yield
         return
     lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -26,6 +26,13 @@ __all__ = ["CriuRunner", "CriuStatus", "DumpResult", "kill_tree"]
 
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
+DUMP_MOUNTS = ("--external", "mnt[]")
+"""A job has a mount namespace of its own, a private copy of its host's plus its own /proc
+(``linux.mount_own_proc``): every mount but that /proc is recorded as external, by its path, so
+that no tmpfs is copied into the images and the restore binds the same paths of its host."""
+RESTORE_MOUNTS = ("--root", "/", "--external", "mnt[]")
+"""The restored mount namespace is built over this host's root, binding each external mount from
+the same path here (a node that lacks one cannot restore the job)."""
 # Post-copy needs CRIU's pipes to hold its page batches; without CAP_SYS_RESOURCE they are capped
 # by fs.pipe-max-size (see DESIGN: "page-pipe: tee: 65536: Operation not permitted").
 LAZY_PIPE_MIN_BYTES = 4 << 20
@@ -158,7 +165,7 @@ class CriuRunner:
         criu = self._require()
         images_dir = _prepare_images_dir(images_dir)
         log_path = images_dir / DUMP_LOG
-        argv = [criu, "dump", "-t", str(pid), "-D", str(images_dir), "-o", DUMP_LOG, "-v4"]
+        argv = [criu, "dump", "-t", str(pid), "-D", str(images_dir), "-o", DUMP_LOG, "-v4", *DUMP_MOUNTS]
         if leave_running:
             argv.append("--leave-running")
         # The script sits in the images dir (a data disk, where /tmp may be noexec) only while
@@ -225,7 +232,7 @@ class CriuRunner:
         ]
         for fd, path in sorted(inherit.items()):
             argv += ["--inherit-fd", f"fd[{fd}]:{path.lstrip('/')}"]
-        argv += list(extra_args)
+        argv += [*RESTORE_MOUNTS, *extra_args]
         return argv
 
     # -- kill ------------------------------------------------------------------------------------

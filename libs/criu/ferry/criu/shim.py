@@ -11,7 +11,8 @@ Processes:
         1 and a one-line error on stderr (for restore, CRIU's log excerpt on the following lines).
     intermediate                  setsid(), forks the monitor and exits at once.
     monitor                       child subreaper, stdio on D/shim.log. launch: unshares a PID
-        namespace and forks the workload as its PID 1; restore: runs ``criu restore -d``, whose
+        namespace and forks the workload as its PID 1, in a private mount namespace with a /proc
+        of its own (``linux.mount_own_proc``); restore: runs ``criu restore -d``, whose
         restored root is reparented to it. Writes D/shim.json, reports, waits for the workload,
         writes D/exit.json, exits. It never writes to D/stdout or D/stderr.
 
@@ -38,7 +39,7 @@ from typing import Any, Literal, NoReturn
 
 from ferry.criu.binary import find_criu
 from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
-from ferry.criu.linux import CLONE_NEWPID, reset_signals, set_child_subreaper, unshare
+from ferry.criu.linux import CLONE_NEWPID, mount_own_proc, reset_signals, set_child_subreaper, unshare
 from ferry.criu.logs import failure_summary
 from ferry.criu.runner import RESTORE_LOG, CriuRunner
 
@@ -260,6 +261,8 @@ def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
     step = "start"
     try:
         os.setsid()
+        step = "mount the job's own /proc"
+        mount_own_proc()
         reset_signals()
         step = f"chdir to {plan.cwd}"
         os.chdir(plan.cwd)

@@ -1,0 +1,82 @@
+"""Real CRIU: a job's PID namespace has a /proc of its own, in a private mount namespace, before and
+after a dump and restore (issue 10, item 6); the host's mounts are untouched, and no tmpfs of the
+host is copied into the images.
+
+Before, the job saw the host's /proc, so CRIU's parasite mounted the namespace's proc in a
+``proc.crtools`` directory in the job's working directory, where jobs sharing that directory
+collided. With its own /proc the parasite opens /proc directly and makes no such directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ferry.criu.jobdir import JobDir
+from ferry.criu.launch import launch, restore
+from ferry.criu.procfs_guard import PARASITE_DIR
+from ferry.criu.runner import CriuRunner, kill_tree
+from tests.integration.criu_helpers import ENV, wait_exit, wait_for
+from tests.integration.test_criu_migrate import lines_in, rebuild
+
+pytestmark = [pytest.mark.criu, pytest.mark.timeout(60)]
+
+# Every 50 ms: how many processes its /proc shows, and what the host's /dev/shm marker says.
+WATCH = 'while :; do n=$(ls -d /proc/[0-9]* | wc -l); echo "$n $(cat "$MARKER" 2>/dev/null)"; sleep 0.05; done'
+
+
+def mounts_of(pid: int | str) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of each mount `pid` sees."""
+    found = []
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        found.append((fields[4], fields[sep + 1]))
+    return found
+
+
+def own_proc(pid: int) -> bool:
+    """Its /proc is a proc other than the host's: another device, another mount namespace."""
+    return (os.stat(f"/proc/{pid}/root/proc").st_dev != os.stat("/proc").st_dev
+            and os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"))
+
+
+async def test_a_job_has_its_own_proc_before_and_after_a_restore(tmp_path: Path, criu_ok: CriuRunner,
+                                                                 pids: list[int]) -> None:
+    marker = Path("/dev/shm") / f"ferry-own-proc-{os.getpid()}"
+    marker.write_text("before")
+    host_mounts = mounts_of("self")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    try:
+        src = JobDir(tmp_path / "a")
+        info = await launch(src, ["sh", "-c", WATCH], cwd=cwd, env={**ENV, "MARKER": str(marker)}, incarnation=1)
+        pids.append(info.pid)
+        await wait_for("output", lambda: len(lines_in(src.stdout)) >= 3)
+        assert own_proc(info.pid)
+        counts = [int(line.split()[0]) for line in lines_in(src.stdout)]
+        assert max(counts) <= 4, counts  # sh, ls and wc: the namespace's processes, not the host's
+        assert len(list(Path("/proc").glob("[0-9]*"))) > 4 * max(counts)
+        assert mounts_of("self") == host_mounts, "the job's mounts reached the host"
+
+        result = await criu_ok.dump(info.pid, tmp_path / "images", leave_running=True,
+                                    record_sizes=[src.stdout, src.stderr])
+        assert not (cwd / PARASITE_DIR).exists()
+        assert not list((tmp_path / "images").glob("tmpfs-*")), "a host tmpfs was copied into the images"
+        await kill_tree(info.pid, grace_s=0)
+        await wait_exit(src)
+
+        marker.write_text("after")  # the restored job sees the host's /dev/shm, not a copy of it
+        dst = JobDir(tmp_path / "b")
+        restored = await restore(dst, tmp_path / "images", inherit=rebuild(src, dst, result), incarnation=2)
+        pids.append(restored.pid)
+        before = len(lines_in(dst.stdout))
+        await wait_for("restored output", lambda: len(lines_in(dst.stdout)) >= before + 3)
+        assert own_proc(restored.pid)
+        assert os.stat(f"/proc/{restored.pid}/root/dev/shm").st_dev == os.stat("/dev/shm").st_dev
+        after = lines_in(dst.stdout)[before:]
+        assert all(line.endswith(" after") and int(line.split()[0]) <= 4 for line in after), after
+        assert mounts_of("self") == host_mounts
+    finally:
+        marker.unlink(missing_ok=True)
