@@ -231,7 +231,9 @@ def test_cli_gpu_job_checkpointed_and_restored_continues_identically(
 ) -> None:
     job = gpu_cluster.json("run", "--name", "gpu-train", "--gpus", "1", "--", *train_argv())
     assert job["state"] == "running"
-    assert first_gpu_uuid() in json.dumps(gpu_cluster.json("status", "gpu-train")) or len(GPUS) > 1
+    machine = {g.rsplit("UUID: ", 1)[1].rstrip(")") for g in GPUS}
+    assigned = gpu_cluster.json("status", "gpu-train")["gpu_uuids"]
+    assert len(assigned) == 1 and assigned[0] in machine, (assigned, machine)
     gpu_cluster.wait_lines("gpu-train", 40, timeout=300)
     mid = gpu_cluster.json("checkpoint", "gpu-train", timeout=600)  # leave-running
     assert mid["state"] == "committed" and mid.get("gpu_bytes", 0) >= 512 << 20, mid

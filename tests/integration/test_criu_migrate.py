@@ -47,7 +47,7 @@ def rebuild(src: JobDir, dst: JobDir, result: DumpResult) -> dict[str, str]:
     for name, path in (("stdout", src.stdout), ("stderr", src.stderr)):
         size = result.file_sizes[str(path)]
         (dst.path / name).write_bytes(path.read_bytes()[:size])
-        inherit[name] = str(path)
+        inherit[name] = result.file_keys.get(str(path), str(path))
     return inherit
 
 

@@ -1,6 +1,6 @@
 """Real CRIU: a job's PID namespace has a /proc of its own, in a private mount namespace, before and
-after a dump and restore (issue 10, item 6); the host's mounts are untouched, and no tmpfs of the
-host is copied into the images.
+after a dump and restore, and after a second dump and restore (issue 10, item 6); the host's mounts
+are untouched, and no tmpfs of the host is copied into the images.
 
 Before, the job saw the host's /proc, so CRIU's parasite mounted the namespace's proc in a
 ``proc.crtools`` directory in the job's working directory, where jobs sharing that directory
@@ -78,5 +78,19 @@ async def test_a_job_has_its_own_proc_before_and_after_a_restore(tmp_path: Path,
         after = lines_in(dst.stdout)[before:]
         assert all(line.endswith(" after") and int(line.split()[0]) <= 4 for line in after), after
         assert mounts_of("self") == host_mounts
+
+        # its output files were opened in the node's namespace this time (by the shim, handed to
+        # CRIU): they are external by their key, so the restored job dumps and restores again
+        again = await criu_ok.dump(restored.pid, tmp_path / "images-2", leave_running=False,
+                                   record_sizes=[dst.stdout, dst.stderr])
+        assert set(again.file_keys) == {str(dst.stdout), str(dst.stderr)}
+        assert all(k.startswith("file[") for k in again.file_keys.values())
+        await wait_exit(dst)
+        third = JobDir(tmp_path / "c")
+        back = await restore(third, tmp_path / "images-2", inherit=rebuild(dst, third, again), incarnation=3)
+        pids.append(back.pid)
+        before = len(lines_in(third.stdout))
+        await wait_for("output after the second restore", lambda: len(lines_in(third.stdout)) >= before + 3)
+        assert own_proc(back.pid)
     finally:
         marker.unlink(missing_ok=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from ferry.criu.binary import find_criu
+from ferry.criu.external import external_keys
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch
 from ferry.criu.lazy_common import copy_images, ensure_pipe_limits, rebuild_outputs
@@ -282,12 +283,13 @@ async def move(
     criu = find_criu("criu")
     assert criu is not None
     src_images, dst_images = tmp_path / "src-images", tmp_path / "dst-images"
+    keys = external_keys(pid, [src_job.stdout, src_job.stderr])  # what the freeze names them
 
     def in_node(node: Node, exe: str, env: Mapping[str, str] | None = None) -> str:
         return str(node.wrapper(tmp_path, exe, env))
 
     target = LazyTarget(dst_job, dst_images, incarnation=2,
-                        inherit={"stdout": str(src_job.stdout), "stderr": str(src_job.stderr)},
+                        inherit={p.name: keys.get(str(p), str(p)) for p in (src_job.stdout, src_job.stderr)},
                         criu_bin=in_node(nodes.dst, criu, criu_env), python=in_node(nodes.dst, sys.executable),
                         extra_args=TARGET_ARGS)
     source = LazySource(src_job, pid, src_images, criu_bin=in_node(nodes.src, criu, criu_env),

@@ -311,5 +311,15 @@ def test_restore_command() -> None:
         "fd[5]:jobs/a/stdout",
         "--inherit-fd",
         "fd[7]:jobs/a/stderr",
+        "--root",  # the job's own mount namespace, built over this host's root (runner.RESTORE_MOUNTS)
+        "/",
+        "--external",
+        "mnt[]",
         "--tcp-close",
     ]
+
+
+def test_restore_command_hands_over_external_files_by_their_key() -> None:
+    argv = CriuRunner("criu").restore_command(Path("/imgs"), Path("/p"), {5: "file[1b:3f2]", 7: "/jobs/a/stderr"})
+    assert argv[argv.index("fd[5]:file[1b:3f2]") - 1] == "--inherit-fd"
+    assert "fd[7]:jobs/a/stderr" in argv

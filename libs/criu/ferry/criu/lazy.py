@@ -67,6 +67,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ferry.criu.errors import CriuError
+from ferry.criu.external import external_keys
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import DEFAULT_TIMEOUT_S
 from ferry.criu.lazy_common import (
@@ -208,7 +209,9 @@ class LiveMove:
         if self.target_images.exists() and any(self.target_images.iterdir()):
             raise LiveMoveFailed(f"images directory {self.target_images} is not empty", source_running=True)
         try:
-            inherit = {"stdout": str(self.source.stdout), "stderr": str(self.source.stderr)}
+            outputs = [self.source.stdout, self.source.stderr]
+            keys = external_keys(self.pid, outputs)  # what the freeze will name them (ferry.criu.external)
+            inherit = {p.name: keys.get(str(p), str(p)) for p in outputs}
             self._tgt = LazyTarget(self.target, self.target_images, incarnation=self.incarnation, inherit=inherit,
                                    criu_bin=self.criu_bin, python=self.python, timeout_s=self.timeout_s)
             await self._tgt.arm()  # Python's start-up, before the freeze

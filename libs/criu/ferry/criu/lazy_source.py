@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import CriuError, DumpFailed
+from ferry.criu.external import dump_args, external_keys
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import DEFAULT_TIMEOUT_S
 from ferry.criu.lazy_common import (
@@ -68,6 +69,8 @@ class Frozen(BaseModel):
     ready_at: float
     last_write_at: float | None
     """The output files' last modification: the source's last observable progress."""
+    file_keys: dict[str, str] = {}
+    """CRIU's external key of each output file (``ferry.criu.external``), by its path."""
 
 
 class LazySource:
@@ -135,7 +138,8 @@ class LazySource:
         script = write_size_script(self.images, self.images, outputs)
         argv = [criu, "dump", "--lazy-pages", "--address", self.address, "--port", str(port)]
         argv += ["-t", str(self.pid), "-D", str(self.images), "-o", DUMP_LOG, "-v4", *DUMP_MOUNTS]
-        argv += ["--leave-running", "--action-script", str(script), *self.extra_args]
+        keys = external_keys(self.pid, outputs)
+        argv += ["--leave-running", "--action-script", str(script), *dump_args(keys), *self.extra_args]
         t0, started_at = time.monotonic(), time.time()
         async with cwd_dump_lock(self.pid):  # until it listens, CRIU is past the parasite's /proc step
             listening = await self.dump.start(argv, self.timeout_s)
@@ -154,7 +158,7 @@ class LazySource:
             freeze_ms = dump_ms
         return Frozen(address=self.address, port=port, sizes=read_sizes(self.images, outputs), dump_ms=dump_ms,
                       freeze_ms=freeze_ms, started_at=started_at, frozen_at=ready_at - freeze_ms / 1000,
-                      ready_at=ready_at, last_write_at=last_write(outputs))
+                      ready_at=ready_at, last_write_at=last_write(outputs), file_keys=keys)
 
     async def end(self) -> None:
         """Every page is on the target: let the dump finish and kill the tree."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ferry.criu.binary import find_criu, parse_version, required_version, setup_hint
 from ferry.criu.errors import CriuMissing, DumpFailed, ImageError
+from ferry.criu.external import dump_args, external_keys, is_external_key
 from ferry.criu.images import DumpStats, read_dump_stats
 from ferry.criu.linux import catches_signal, is_gone, ns_pids
 from ferry.criu.logs import failure_summary, first_error
@@ -65,6 +66,9 @@ class DumpResult(BaseModel):
     pages_written: int | None
     file_sizes: dict[str, int]
     images_dir: str
+    file_keys: dict[str, str] = {}
+    """CRIU's external key of each of ``record_sizes`` the tree has open (``ferry.criu.external``):
+    what a restore hands that file to CRIU under."""
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -171,6 +175,8 @@ class CriuRunner:
         # The script sits in the images dir (a data disk, where /tmp may be noexec) only while
         # CRIU runs, so it never travels with the checkpoint.
         script = write_size_script(images_dir, images_dir, record_sizes) if record_sizes else None
+        keys = external_keys(pid, record_sizes)
+        argv += dump_args(keys)
         try:
             if script is not None:
                 argv += ["--action-script", str(script)]
@@ -200,6 +206,7 @@ class CriuRunner:
             pages_written=stats.pages_written if stats else None,
             file_sizes=sizes,
             images_dir=str(images_dir),
+            file_keys=keys,
         )
 
     # -- restore ---------------------------------------------------------------------------------
@@ -214,8 +221,9 @@ class CriuRunner:
         """argv of a detached ``criu restore`` (log: ``images_dir/restore.log``).
 
         ``inherit`` maps a file descriptor that the caller passes to CRIU (open on this node's copy
-        of a file) to the absolute path that the dumped process had open; CRIU then hands that fd to
-        the restored process instead of reopening the path, and skips its size check.
+        of a file) to the file's external key at the dump (``DumpResult.file_keys``), or, for images
+        without one, to the absolute path that the dumped process had open; CRIU then hands that fd
+        to the restored process instead of reopening the file, and skips its size check.
         """
         criu = find_criu(self.criu_bin) or self.criu_bin
         argv = [
@@ -231,7 +239,7 @@ class CriuRunner:
             str(pidfile),
         ]
         for fd, path in sorted(inherit.items()):
-            argv += ["--inherit-fd", f"fd[{fd}]:{path.lstrip('/')}"]
+            argv += ["--inherit-fd", f"fd[{fd}]:{path if is_external_key(path) else path.lstrip('/')}"]
         argv += [*RESTORE_MOUNTS, *extra_args]
         return argv
 

@@ -2,7 +2,7 @@
 
     python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] -- ARGV...
     python -m ferry.criu.shim restore --job-dir D --incarnation K --images IMGDIR \
-        --inherit FILE_IN_D=ORIGINAL_ABS_PATH ... [--criu BIN]
+        --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN]
 
 Processes:
 
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from ferry.criu.binary import find_criu
+from ferry.criu.external import is_external_key
 from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
 from ferry.criu.linux import CLONE_NEWPID, mount_own_proc, reset_signals, set_child_subreaper, unshare
 from ferry.criu.logs import failure_summary
@@ -123,8 +124,8 @@ def plan_restore(ns: argparse.Namespace) -> RestorePlan:
     for item in ns.inherit:
         name, sep, original = item.partition("=")
         local = (job_dir.path / name).resolve()
-        if not sep or not name or not os.path.isabs(original):
-            raise Refused(f"--inherit wants FILE_IN_JOB_DIR=ORIGINAL_ABS_PATH, got {item!r}")
+        if not sep or not name or not (os.path.isabs(original) or is_external_key(original)):
+            raise Refused(f"--inherit wants FILE_IN_JOB_DIR=ORIGINAL_ABS_PATH or =file[MNT:INODE], got {item!r}")
         if not local.is_relative_to(job_dir.path.resolve()):
             raise Refused(f"--inherit file {name!r} is outside the job directory")
         if not local.is_file():

@@ -122,8 +122,9 @@ class LiveSource(NodeService):
             shutil.rmtree(images, ignore_errors=True)
         data = frozen.model_dump() | {"bytes_final": uploaded, "upload_ms": (time.monotonic() - t0) * 1000,
                                       "store_job": live_store_job(job.id), "images": cmd.checkpoint,
-                                      "source_pid": shim.pid, "stdout_path": str(jd.stdout),
-                                      "stderr_path": str(jd.stderr)}
+                                      "source_pid": shim.pid,
+                                      "stdout_path": frozen.file_keys.get(str(jd.stdout), str(jd.stdout)),
+                                      "stderr_path": frozen.file_keys.get(str(jd.stderr), str(jd.stderr))}
         await self.report(wire.NodeEvent(kind="live_frozen", node=self.node_id, job=job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, data=data))
         if cmd.data.get("fail") == "source":  # fault injection (tests): the source dies midway

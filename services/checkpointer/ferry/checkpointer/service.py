@@ -478,7 +478,10 @@ class Checkpointer(LiveSource, NodeService):
         await asyncio.to_thread(snapshot_logs, jd, images / LOGS_DIR, dump.file_sizes)
         meta: dict[str, object] = {
             "job": job.id, "name": job.name, "checkpoint": cmd.checkpoint, "incarnation": cmd.incarnation,
-            "argv": job.argv, "stdout_path": str(jd.stdout), "stderr_path": str(jd.stderr), "node": self.node_id}
+            "argv": job.argv, "node": self.node_id,
+            # what the restore hands each output file to CRIU under (ferry.criu.external)
+            "stdout_path": dump.file_keys.get(str(jd.stdout), str(jd.stdout)),
+            "stderr_path": dump.file_keys.get(str(jd.stderr), str(jd.stderr))}
         if uses_gpu:  # what a restore target must match
             used = [g for g in self.gpus() if g.uuid in job.gpu_uuids]
             meta["gpu"] = snapshot_of(used, self.gpu_report.inventory.driver_version or "").model_dump()
