@@ -19,7 +19,9 @@ from tests.e2e.test_control import FAST, SMALL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
-ARGV = [PY, str(WORKLOADS / "train.py"), "--steps", "400", "--sleep", "0.03", "--width", "512"]
+# long enough (about 40 s) to be still running after a checkpoint and a move that each wait out an
+# election: with 400 steps it sometimes ended before the move did
+ARGV = [PY, str(WORKLOADS / "train.py"), "--steps", "900", "--sleep", "0.03", "--width", "512"]
 
 
 @pytest.fixture

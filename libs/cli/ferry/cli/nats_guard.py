@@ -6,7 +6,10 @@ its `/healthz` then reports the stream's write error while `/healthz?js-enabled-
 says ok. So `ferry up` keeps a reserve file beside the NATS stores (`nats-reserve`, 64 MiB of
 allocated blocks); when the disk's free space drops below FULL_BYTES it deletes the reserve, which
 gives JetStream room to go on and a restarted server room to recover its streams. A server whose
-health names a write error is restarted once there is room again. The reserve is taken back when
+health names a write error is restarted once there is room again; the servers' health is asked
+only from the moment the disk is nearly full or the reserve missing until two minutes after: a
+full `/healthz` checks every stream and consumer of the server, work not worth doing every second
+when no write can have failed. The reserve is taken back when
 there is room for it and HEADROOM_BYTES more. Where JetStream has a volume of its own (the
 Kubernetes and Nomad manifests), none of this is needed.
 """

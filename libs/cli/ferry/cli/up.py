@@ -33,7 +33,8 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 CONTROL_PLANE = ("scheduler", "health", "pricing", "api")
 NODE_SERVICES = ("checkpointer", "migrator")
 MEMBER_RESTART_S = 5.0
-DISK_CHECK_S = 1.0  # how often the free space and the NATS servers' health are looked at
+DISK_CHECK_S = 1.0  # how often the free space (and, after a full disk, the NATS servers' health) is looked at
+DISK_TROUBLE_S = 120.0  # how long after the disk was (nearly) full the NATS servers' health is looked at
 JETSTREAM_MAX_BYTES = 4 << 30  # Ferry's state is small: records, events and queued commands
 
 
@@ -110,6 +111,7 @@ class AllInOne:
         self.reserve = DiskReserve(self.data_dir / "nats-reserve")
         self.disk_checked_at = 0.0
         self.reserve_taken: list[float] = []
+        self.disk_trouble_until = 0.0
         self.nats_url = ",".join(f"nats://127.0.0.1:{p}" for p in self.nats_ports)
         self.stopping = False
         env = dict(os.environ)
@@ -222,6 +224,13 @@ class AllInOne:
         disk fills, takes it back when there is room, and restarts a server whose stream hit a
         write error once there is room to recover it."""
         action = self.reserve.step()
+        try:
+            low = self.reserve.free() < FULL_BYTES + RESERVE_BYTES
+        except OSError:
+            low = True
+        if action is ReserveAction.RELEASE or low or not self.reserve.held:
+            # a NATS write can have failed: look at the servers' health until well after that
+            self.disk_trouble_until = time.monotonic() + DISK_TROUBLE_S
         if action is ReserveAction.RELEASE:
             print(f"ferry: the disk under {self.data_dir} is full: released the {RESERVE_BYTES >> 20} MiB kept "
                   "for NATS; free some space", flush=True)
@@ -233,6 +242,8 @@ class AllInOne:
             room = self.reserve.free() >= FULL_BYTES
         except OSError:
             room = False
+        if time.monotonic() >= self.disk_trouble_until:
+            return  # no write can have failed (a full /healthz checks every stream and consumer)
         for server, port in zip(self.nats_children, self.monitor_ports, strict=True):
             if not room or server.proc is None or server.proc.poll() is not None:
                 continue
