@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ferry.scheduler.simulate import load_trace, simulate
+from ferry.policy.simulate import load_trace, simulate
 
 SETS = (  # (folder, job hours, deadline hours)
     ("availability/1-node/aws-02-15-2023", 48.0, 70.0),

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from ferry.common.errors import UsageError
-from ferry.health.interruptions import (
+from ferry.node.interruptions import (
     AwsImds,
     AzureScheduledEvents,
     GcpMetadata,
@@ -21,7 +21,7 @@ from ferry.health.interruptions import (
     parse_http_date,
     watch,
 )
-from ferry.health.metadata_server import MetadataServer, send_clear, send_notice
+from ferry.sim.metadata_server import MetadataServer, send_clear, send_notice
 
 
 class FakeClock:
@@ -200,7 +200,7 @@ async def test_entry_point_serves_and_stops() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ferry.health.metadata_server", "--port", str(port),
+        sys.executable, "-m", "ferry.sim.metadata_server", "--port", str(port),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:

@@ -1,6 +1,6 @@
 """The scheduler's placement and rebalancing policy: pure functions of cluster state and time."""
 
-from ferry.scheduler.policy import (
+from ferry.policy.decisions import (
     CRITICAL_PENALTY,
     JobView,
     NodeView,

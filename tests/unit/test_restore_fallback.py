@@ -1,7 +1,7 @@
 """The checkpoint a restore falls back to when its own does not verify (pure)."""
 
 from ferry.common.models import CheckpointRecord
-from ferry.scheduler.fallback import older_checkpoint
+from ferry.policy.fallback import older_checkpoint
 
 
 def rec(id_: str, created: float, state: str = "committed") -> CheckpointRecord:

@@ -11,7 +11,7 @@ import pytest
 from ferry.cli.main import parse_args
 from ferry.cli.simulate import cmd_simulate
 from ferry.common.errors import UsageError
-from ferry.scheduler.simulate import PolicyResult, SimulationReport, Trace, load_trace, simulate
+from ferry.policy.simulate import PolicyResult, SimulationReport, Trace, load_trace, simulate
 
 SHARED = Path(os.environ.get("FERRY_SHARED_DIR") or Path(__file__).resolve().parents[3] / "shared")
 TRACES = SHARED / "data" / "spot-traces"

@@ -258,3 +258,18 @@ def test_read_manifest_errors(tmp_path: Path) -> None:
     store.delete_checkpoint("other", "c")
     store.delete_checkpoint("other", "c")
     assert store.list_checkpoints("other") == []
+
+
+def test_bytes_stored_is_what_the_checkpoint_takes_in_the_store_not_what_it_uploaded(tmp_path: Path) -> None:
+    """A checkpoint of unchanged files uploads nothing but still takes its chunks' space."""
+    rng = random.Random(4)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(rng.randbytes(3 * MiB))
+    (src / "b.bin").write_bytes(b"same" * 100_000)
+    store = CheckpointStore(LocalBackend(tmp_path / "store"))
+    first = store.write_checkpoint(job="j", checkpoint="c1", parent=None, src_dir=src)
+    chunks = sum(p.stat().st_size for p in (tmp_path / "store" / "chunks").rglob("*") if p.is_file())
+    assert first.bytes_stored == first.bytes_uploaded == chunks
+    second = store.write_checkpoint(job="j", checkpoint="c2", parent="c1", src_dir=src)
+    assert second.bytes_uploaded == 0 and second.bytes_stored == first.bytes_stored

@@ -13,8 +13,8 @@ from ferry.common.config import load_settings
 from ferry.common.errors import ConfigError, UsageError
 from ferry.common.models import Job, JobState, Node, NodeState, OpKind, PriceRecord
 from ferry.common.units import format_bytes, parse_duration, parse_size
-from ferry.scheduler.placement import usable
-from ferry.scheduler.views import effective_price, node_views
+from ferry.policy.placement import usable
+from ferry.policy.views import effective_price, node_views
 from ferry.v1 import ferry_pb2 as pb
 
 

@@ -11,11 +11,9 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 
-_EXIT_2 = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT}
-
-
 class ApiError(FerryError):
-    """The API answered with an error; exit code 2 for bad input, 1 otherwise."""
+    """The API answered with an error; an operation's own exit code, else 1 (the caller's bad input
+    arrives as a UsageError or a NotFoundError, exit 2)."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
@@ -64,4 +62,4 @@ def translate(exc: grpc.RpcError) -> FerryError:
         return UsageError(details)
     if code == grpc.StatusCode.UNAVAILABLE:
         return ApiError(f"the Ferry API is unavailable: {details}")
-    return ApiError(details, 2 if code in _EXIT_2 else 1)
+    return ApiError(details)

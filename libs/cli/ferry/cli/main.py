@@ -14,7 +14,7 @@ from ferry.cli.client import Client, default_addr
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.cli.store import add_store_parser, cmd_store
 from ferry.common.errors import FerryError
-from ferry.common.faults import LIVE_PHASES
+from ferry.sim.faults import LIVE_PHASES
 
 EPILOG = """examples:
   ferry up --nodes 2 --data-dir /tmp/f --grpc 127.0.0.1:7070

@@ -14,7 +14,7 @@ from ferry.common.errors import UsageError
 from ferry.common.units import parse_duration
 
 if TYPE_CHECKING:  # the simulator loads only for `ferry simulate`, keeping every other command quick
-    from ferry.scheduler.simulate import SimulationReport
+    from ferry.policy.simulate import SimulationReport
 
 EPILOG = """examples:
   ferry simulate --trace us-east-1a.json --job-hours 48 --deadline-hours 70
@@ -51,7 +51,7 @@ def _positive(name: str, value: float, *, zero_ok: bool = False) -> float:
 
 
 def run_simulation(args: argparse.Namespace) -> "SimulationReport":
-    from ferry.scheduler.simulate import load_trace, simulate
+    from ferry.policy.simulate import load_trace, simulate
 
     """Checks the arguments, loads the traces and simulates."""
     job = _positive("--job-hours", args.job_hours)

@@ -134,7 +134,7 @@ class AllInOne:
             node, url = spec.id, self.metadata_url(spec.id)
             node_env = {**env, "FERRY_NODE_SPEC": spec.model_dump_json(),
                         "FERRY_INTERRUPTION_SOURCES": f"aws={url},gcp={url},azure={url}"}
-            meta = Child(f"metadata@{node}", [*py, "ferry.health.metadata_server", "--port",
+            meta = Child(f"metadata@{node}", [*py, "ferry.sim.metadata_server", "--port",
                                               str(self.metadata_ports[node])], logs / f"metadata-{node}.log", env)
             services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], logs / f"{svc}-{node}.log",
                               node_env) for svc in NODE_SERVICES]

@@ -25,6 +25,9 @@ class Backend(Protocol):
     def exists(self, key: str) -> bool:
         """Whether an object is stored under ``key``."""
 
+    def stored_size(self, key: str) -> int | None:
+        """The size of the object under ``key`` as stored, or None when there is none."""
+
     def delete(self, key: str) -> None:
         """Remove the object under ``key``; a missing object is not an error."""
 

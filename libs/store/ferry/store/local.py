@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,15 @@ class LocalBackend:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def stored_size(self, key: str) -> int | None:
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._fail("stat", key, exc) from exc
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def delete(self, key: str) -> None:
         try:

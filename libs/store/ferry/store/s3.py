@@ -164,16 +164,19 @@ class S3Backend:
         return self._call(op)
 
     def exists(self, key: str) -> bool:
+        return self.stored_size(key) is not None
+
+    def stored_size(self, key: str) -> int | None:
         name = self._name(key)
 
-        def op() -> bool:
+        def op() -> int | None:
             try:
-                self._client.stat_object(self.bucket, name)
+                found = self._client.stat_object(self.bucket, name)
             except S3Error as exc:
                 if exc.code in _MISSING_CODES:
-                    return False
+                    return None
                 raise
-            return True
+            return int(found.size) if found.size is not None else 0
 
         return self._call(op)
 

@@ -53,6 +53,7 @@ class WriteResult(BaseModel):
     manifest: Manifest
     bytes_logical: int
     bytes_uploaded: int
+    bytes_stored: int = 0  # what the checkpoint's distinct chunks take in the store, compressed
     bytes_new_plain: int
     chunks_total: int
     chunks_new: int
@@ -70,6 +71,7 @@ class _Uploads:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self.chunks_new = self.bytes_uploaded = self.bytes_new_plain = self.chunks_repaired = 0
+        self.bytes_stored = 0  # every distinct chunk the checkpoint uses, as stored (compressed)
 
     def offer(self, digest: str, plain: memoryview) -> None:
         with self._lock:
@@ -79,10 +81,13 @@ class _Uploads:
         try:
             key = chunk_key(digest)
             repaired = False
-            if self._backend.exists(key):
+            size = self._backend.stored_size(key)
+            if size is not None:
                 trusted = not self._verify_all and self._verified.trusted(self._job, digest)
                 if trusted or self._stored_whole(digest, len(plain)):
                     self._verified.mark(self._job, digest)
+                    with self._lock:
+                        self.bytes_stored += size
                     return
                 log.warning("chunk %s… in the store is damaged: uploading it again", digest[:12])
                 repaired = True
@@ -97,6 +102,7 @@ class _Uploads:
             self.chunks_new += 1
             self.chunks_repaired += repaired
             self.bytes_uploaded += len(stored)
+            self.bytes_stored += len(stored)
             self.bytes_new_plain += len(plain)
 
     def _stored_whole(self, digest: str, size: int) -> bool:
@@ -200,6 +206,7 @@ def write_checkpoint(
         manifest=manifest,
         bytes_logical=manifest.bytes_logical,
         bytes_uploaded=uploads.bytes_uploaded,
+        bytes_stored=uploads.bytes_stored,
         bytes_new_plain=uploads.bytes_new_plain,
         chunks_total=sum(len(c) for c in chunks),
         chunks_new=uploads.chunks_new,

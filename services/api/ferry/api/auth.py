@@ -10,10 +10,6 @@ import grpc.aio
 METADATA_KEY = "authorization"
 
 
-def bearer(token: str) -> tuple[str, str]:
-    return (METADATA_KEY, f"Bearer {token}")
-
-
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()

@@ -15,7 +15,7 @@ from google.protobuf.json_format import MessageToDict
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
-from ferry.api import chaos, convert
+from ferry.api import convert
 from ferry.api.auth import TokenInterceptor
 from ferry.api.errors import ErrorInterceptor, status_of
 from ferry.common import wire
@@ -25,6 +25,7 @@ from ferry.common.jobspec import check_request
 from ferry.common.models import TERMINAL_STATES, Event, Job, Op, OpKind, new_id
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
+from ferry.sim import chaos
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
 

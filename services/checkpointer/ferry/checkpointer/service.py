@@ -45,7 +45,6 @@ from ferry.gpu.models import GpuDumpStats, GpuInfo, GpuReport
 from ferry.gpu.monitor import GpuMonitor
 from ferry.gpu.nvml import RealNvml
 from ferry.gpu.xid import XidWatcher
-from ferry.health.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.base import (
     LOGS_DIR,
     META_FILE,
@@ -56,10 +55,12 @@ from ferry.node.base import (
     snapshot_logs,
     workload_env,
 )
+from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.procs import alive, signal_tree, wait_for_dumps_of
 from ferry.node.space import space_problem, tree_rss
 from ferry.store.errors import StoreError
 from ferry.store.local import LocalBackend
+from ferry.store.manifest import manifest_key
 from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -489,7 +490,7 @@ class Checkpointer(LiveSource, NodeService):
         page_maps = await asyncio.to_thread(find_page_maps, images)
         record.dump_ms = dump.wall_ms
         record.freeze_ms = dump.frozen_ms if dump.frozen_ms is not None else dump.wall_ms
-        record.manifest_key = f"manifests/{job.id}/{cmd.checkpoint}.json"
+        record.manifest_key = manifest_key(job.id, cmd.checkpoint)
         progress = self.progress_reporter(cmd.op, "upload")
         with _tracer.start_as_current_span("store.upload") as span:
             t0 = time.monotonic()
@@ -502,7 +503,7 @@ class Checkpointer(LiveSource, NodeService):
             record.upload_ms = (time.monotonic() - t0) * 1000
             span.set_attribute("ferry.bytes_uploaded", result.bytes_uploaded)
         record.bytes_logical = result.bytes_logical
-        record.bytes_stored = result.bytes_uploaded
+        record.bytes_stored = result.bytes_stored
         record.bytes_uploaded = result.bytes_uploaded
         if cmd.stop:
             signal_tree(pid, signal.SIGKILL)

@@ -53,7 +53,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -192,9 +192,8 @@ def _optional_number(value: str, column: str, where: str) -> float | None:
     return number
 
 
-def parse_catalog_csv(text: str, source: str) -> list[PricePoint]:
-    """Points from a catalog CSV (see the module docstring); `source` names the file in errors."""
-    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+def _catalog_header(reader: Any, source: str) -> list[str]:
+    """The header's column names, checked against CATALOG_COLUMNS."""
     try:
         header = next(reader)
     except StopIteration:
@@ -205,15 +204,49 @@ def parse_catalog_csv(text: str, source: str) -> list[PricePoint]:
     missing = [c for c in CATALOG_COLUMNS if c not in names]
     unknown = [n for n in names if n not in CATALOG_COLUMNS]
     doubled = sorted({n for n in names if names.count(n) > 1})
-    if missing or unknown or doubled:
-        problems = []
-        if missing:
-            problems.append(f"missing column(s) {', '.join(missing)}")
-        if unknown:
-            problems.append(f"unknown column(s) {', '.join(unknown)}")
-        if doubled:
-            problems.append(f"repeated column(s) {', '.join(doubled)}")
+    problems = [f"{what} column(s) {', '.join(cols)}" for what, cols in
+                (("missing", missing), ("unknown", unknown), ("repeated", doubled)) if cols]
+    if problems:
         raise UsageError(f"{source}: line 1: {'; '.join(problems)} (expected {','.join(CATALOG_COLUMNS)})")
+    return names
+
+
+def _catalog_price(cell: dict[str, str], column: str, where: str) -> float | None:
+    if not cell[column]:
+        return None
+    price = _price(cell[column])
+    if price is None:
+        raise UsageError(f"{where}: {column}: {cell[column]!r} is not a price")
+    return price
+
+
+def _catalog_points(cell: dict[str, str], where: str) -> list[PricePoint]:
+    """The on-demand and spot points of one catalog row."""
+    for required in ("InstanceType", "Region"):
+        if not cell[required]:
+            raise UsageError(f"{where}: {required}: empty")
+    on_demand = _catalog_price(cell, "Price", where)
+    spot = _catalog_price(cell, "SpotPrice", where)
+    if on_demand is None and spot is None:
+        raise UsageError(f"{where}: Price and SpotPrice are both empty")
+    common: dict[str, Any] = {
+        "source": "catalog",
+        "zone": cell["AvailabilityZone"] or cell["Region"],
+        "region": cell["Region"],
+        "instance_type": cell["InstanceType"],
+        "accelerator_name": cell["AcceleratorName"] or None,
+        "accelerator_count": _optional_number(cell["AcceleratorCount"], "AcceleratorCount", where),
+        "vcpus": _optional_number(cell["vCPUs"], "vCPUs", where),
+        "memory_gib": _optional_number(cell["MemoryGiB"], "MemoryGiB", where),
+    }
+    return [PricePoint(market=market, price_per_hour=price, **common)
+            for market, price in (("on-demand", on_demand), ("spot", spot)) if price is not None]
+
+
+def parse_catalog_csv(text: str, source: str) -> list[PricePoint]:
+    """Points from a catalog CSV (see the module docstring); `source` names the file in errors."""
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+    names = _catalog_header(reader, source)
     index = {name: i for i, name in enumerate(names)}
     points: list[PricePoint] = []
     while True:
@@ -228,35 +261,7 @@ def parse_catalog_csv(text: str, source: str) -> list[PricePoint]:
             continue
         if len(row) != len(names):
             raise UsageError(f"{where}: {len(row)} field(s), the header has {len(names)}")
-        cell = {name: row[i].strip() for name, i in index.items()}
-        for required in ("InstanceType", "Region"):
-            if not cell[required]:
-                raise UsageError(f"{where}: {required}: empty")
-        on_demand = spot = None
-        if cell["Price"]:
-            on_demand = _price(cell["Price"])
-            if on_demand is None:
-                raise UsageError(f"{where}: Price: {cell['Price']!r} is not a price")
-        if cell["SpotPrice"]:
-            spot = _price(cell["SpotPrice"])
-            if spot is None:
-                raise UsageError(f"{where}: SpotPrice: {cell['SpotPrice']!r} is not a price")
-        if on_demand is None and spot is None:
-            raise UsageError(f"{where}: Price and SpotPrice are both empty")
-        common: dict[str, Any] = {
-            "source": "catalog",
-            "zone": cell["AvailabilityZone"] or cell["Region"],
-            "region": cell["Region"],
-            "instance_type": cell["InstanceType"],
-            "accelerator_name": cell["AcceleratorName"] or None,
-            "accelerator_count": _optional_number(cell["AcceleratorCount"], "AcceleratorCount", where),
-            "vcpus": _optional_number(cell["vCPUs"], "vCPUs", where),
-            "memory_gib": _optional_number(cell["MemoryGiB"], "MemoryGiB", where),
-        }
-        if on_demand is not None:
-            points.append(PricePoint(market="on-demand", price_per_hour=on_demand, **common))
-        if spot is not None:
-            points.append(PricePoint(market="spot", price_per_hour=spot, **common))
+        points += _catalog_points({name: row[i].strip() for name, i in index.items()}, where)
     return points
 
 
@@ -288,6 +293,66 @@ def _key_path(path: list[str | int]) -> str:
     return out
 
 
+Fail = Callable[[list[str | int], str], UsageError]
+
+
+def _onprem_defaults(doc: dict[str, Any], fail: Fail) -> dict[str, str]:
+    unknown = sorted(str(k) for k in doc if k not in _ONPREM_TOP_KEYS)
+    if unknown:
+        raise fail([str(unknown[0])], f"unknown key (expected {', '.join(sorted(_ONPREM_TOP_KEYS))})")
+    defaults: dict[str, str] = {}
+    for key in ("region", "zone"):
+        if key in doc:
+            if not isinstance(doc[key], str) or not doc[key].strip():
+                raise fail([key], f"{doc[key]!r} is not a non-empty string")
+            defaults[key] = doc[key].strip()
+    return defaults
+
+
+def _onprem_strings(node: dict[str, Any], at: list[str | int], fail: Fail) -> dict[str, str | None]:
+    strings: dict[str, str | None] = {}
+    for key in ("instance_type", "zone", "region", "accelerator_name", "name"):
+        value = node.get(key)
+        if value is None:
+            strings[key] = None
+        elif isinstance(value, str) and value.strip():
+            strings[key] = value.strip()
+        else:
+            raise fail([*at, key], f"{value!r} is not a non-empty string")
+    return strings
+
+
+def _onprem_point(node: object, at: list[str | int], defaults: dict[str, str], fail: Fail) -> PricePoint:
+    """The point of one entry of `nodes`."""
+    if not isinstance(node, dict):
+        raise fail(at, "expected a mapping")
+    extra = sorted(str(k) for k in node if k not in _ONPREM_NODE_KEYS)
+    if extra:
+        raise fail([*at, extra[0]], f"unknown key (expected {', '.join(sorted(_ONPREM_NODE_KEYS))})")
+    strings = _onprem_strings(node, at, fail)
+    if strings["instance_type"] is None:
+        raise fail([*at, "instance_type"], "missing")
+    zone = strings["zone"] or defaults.get("zone")
+    if zone is None:
+        raise fail([*at, "zone"], "missing (give it here or at the top level)")
+    if "price_per_hour" not in node:
+        raise fail([*at, "price_per_hour"], "missing")
+    price = _price(node["price_per_hour"])
+    if price is None:
+        raise fail([*at, "price_per_hour"], f"{node['price_per_hour']!r} is not a price")
+    numbers: dict[str, float | None] = {}
+    for key in ("accelerator_count", "vcpus", "memory_gib"):
+        value = node.get(key)
+        numbers[key] = None if value is None else _price(value)
+        if value is not None and numbers[key] is None:
+            raise fail([*at, key], f"{value!r} is not a non-negative number")
+    return PricePoint(
+        source="onprem", zone=zone, region=strings["region"] or defaults.get("region", "onprem"),
+        instance_type=strings["instance_type"], market="onprem", price_per_hour=price,
+        accelerator_name=strings["accelerator_name"], **numbers,
+    )
+
+
 def parse_onprem_yaml(text: str, source: str) -> list[PricePoint]:
     """Points from an on-prem cost file (see the module docstring); `source` names the file in errors."""
     try:
@@ -306,59 +371,13 @@ def parse_onprem_yaml(text: str, source: str) -> list[PricePoint]:
 
     if not isinstance(doc, dict):
         raise fail([], "expected a mapping with a `nodes` list")
-    unknown = sorted(str(k) for k in doc if k not in _ONPREM_TOP_KEYS)
-    if unknown:
-        raise fail([str(unknown[0])], f"unknown key (expected {', '.join(sorted(_ONPREM_TOP_KEYS))})")
-    defaults: dict[str, str] = {}
-    for key in ("region", "zone"):
-        if key in doc:
-            if not isinstance(doc[key], str) or not doc[key].strip():
-                raise fail([key], f"{doc[key]!r} is not a non-empty string")
-            defaults[key] = doc[key].strip()
+    defaults = _onprem_defaults(doc, fail)
     if "nodes" not in doc:
         raise fail([], "missing key `nodes`")
     nodes = doc["nodes"]
     if not isinstance(nodes, list):
         raise fail(["nodes"], "expected a list of nodes")
-    points = []
-    for i, node in enumerate(nodes):
-        at: list[str | int] = ["nodes", i]
-        if not isinstance(node, dict):
-            raise fail(at, "expected a mapping")
-        extra = sorted(str(k) for k in node if k not in _ONPREM_NODE_KEYS)
-        if extra:
-            raise fail([*at, extra[0]], f"unknown key (expected {', '.join(sorted(_ONPREM_NODE_KEYS))})")
-        strings: dict[str, str | None] = {}
-        for key in ("instance_type", "zone", "region", "accelerator_name", "name"):
-            value = node.get(key)
-            if value is None:
-                strings[key] = None
-            elif isinstance(value, str) and value.strip():
-                strings[key] = value.strip()
-            else:
-                raise fail([*at, key], f"{value!r} is not a non-empty string")
-        if strings["instance_type"] is None:
-            raise fail([*at, "instance_type"], "missing")
-        zone = strings["zone"] or defaults.get("zone")
-        if zone is None:
-            raise fail([*at, "zone"], "missing (give it here or at the top level)")
-        if "price_per_hour" not in node:
-            raise fail([*at, "price_per_hour"], "missing")
-        price = _price(node["price_per_hour"])
-        if price is None:
-            raise fail([*at, "price_per_hour"], f"{node['price_per_hour']!r} is not a price")
-        numbers: dict[str, float | None] = {}
-        for key in ("accelerator_count", "vcpus", "memory_gib"):
-            value = node.get(key)
-            numbers[key] = None if value is None else _price(value)
-            if value is not None and numbers[key] is None:
-                raise fail([*at, key], f"{value!r} is not a non-negative number")
-        points.append(PricePoint(
-            source="onprem", zone=zone, region=strings["region"] or defaults.get("region", "onprem"),
-            instance_type=strings["instance_type"], market="onprem", price_per_hour=price,
-            accelerator_name=strings["accelerator_name"], **numbers,
-        ))
-    return points
+    return [_onprem_point(node, ["nodes", i], defaults, fail) for i, node in enumerate(nodes)]
 
 
 # --- files -----------------------------------------------------------------------------------

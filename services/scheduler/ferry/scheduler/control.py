@@ -11,9 +11,9 @@ from ferry.common.bus import CasConflict
 from ferry.common.config import Settings
 from ferry.common.errors import ConflictError, NotFoundError, UsageError
 from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Node, NodeState, Op, OpKind, OpState, new_id, now
-from ferry.scheduler import policy
+from ferry.policy import decisions as policy
+from ferry.policy.views import gpu_trouble, job_view, node_views
 from ferry.scheduler.state import ClusterState
-from ferry.scheduler.views import gpu_trouble, job_view, node_views
 
 
 class ControlLoop:

@@ -27,9 +27,9 @@ from typing import Any
 from ferry.common import wire
 from ferry.common.config import Settings
 from ferry.common.errors import ConflictError
-from ferry.common.faults import take_live_fault
 from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, NodeState, Op, OpState, now
 from ferry.scheduler.state import ClusterState
+from ferry.sim.faults import take_live_fault
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from ferry.common.models import (
 )
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
-from ferry.scheduler import policy
+from ferry.policy import decisions as policy
+from ferry.policy.fallback import older_checkpoint
+from ferry.policy.views import gpu_assignments, job_view, node_views
 from ferry.scheduler.control import ControlLoop
-from ferry.scheduler.fallback import older_checkpoint
 from ferry.scheduler.live import RESENDABLE, LiveMoves, live_phase, live_result
 from ferry.scheduler.state import ClusterState
-from ferry.scheduler.views import gpu_assignments, job_view, node_views
 
 log = logging.getLogger(__name__)
 _tracer = tracer("scheduler")

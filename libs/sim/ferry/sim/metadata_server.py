@@ -1,6 +1,6 @@
 """A local stand-in for the AWS, GCP and Azure metadata services of ONE simulated node.
 
-It serves, on one base URL, the paths and payloads that `ferry.health.interruptions` reads (see
+It serves, on one base URL, the paths and payloads that `ferry.node.interruptions` reads (see
 that module's docstring for the provider documentation), and it enforces their headers the way
 the real services do:
 
@@ -24,7 +24,7 @@ and a control API to drive it (used by tests and by `ferry chaos spot-notice` in
     GET  /_ferry/state    what is armed, as JSON
 
 Notices show at once (the real services show them about `in_s` ahead). Every connection serves one
-request and closes. Run it alone with ``python -m ferry.health.metadata_server --port N``: it prints
+request and closes. Run it alone with ``python -m ferry.sim.metadata_server --port N``: it prints
 its base URL on stdout and serves until SIGTERM or SIGINT.
 """
 
@@ -48,7 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ferry.common.errors import UsageError
-from ferry.health.interruptions import (
+from ferry.node.interruptions import (
     AWS_NOTICE_S,
     AWS_TOKEN_HEADER,
     AWS_TOKEN_TTL_HEADER,
@@ -413,7 +413,7 @@ async def _serve(host: str, port: int, resource_name: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m ferry.health.metadata_server",
+        prog="python -m ferry.sim.metadata_server",
         description="Serve simulated AWS/GCP/Azure interruption notices for one node; prints its base URL.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

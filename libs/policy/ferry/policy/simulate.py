@@ -38,11 +38,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from ferry.common.errors import UsageError
-from ferry.scheduler import policy
-from ferry.scheduler.policy import JobView, NodeView
+from ferry.policy import decisions as policy
+from ferry.policy.decisions import JobView, NodeView
 
 ON_DEMAND = "on-demand"
-POLICIES = ("ferry", "on_demand", "uniform_progress")
 _EPS = 1e-9
 
 

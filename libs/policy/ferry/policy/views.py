@@ -5,8 +5,8 @@ from collections.abc import Iterable, Sequence
 from ferry.common.models import TERMINAL_STATES, Job, JobState, Node, PriceRecord
 from ferry.gpu.models import GpuInfo
 from ferry.gpu.placement import GpuRequest, assign
-from ferry.scheduler.placement import usable
-from ferry.scheduler.policy import JobView, NodeView
+from ferry.policy.decisions import JobView, NodeView
+from ferry.policy.placement import usable
 
 
 def holds_capacity(job: Job) -> bool:

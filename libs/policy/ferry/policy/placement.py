@@ -1,4 +1,4 @@
-"""Whether a node can take work now (the scoring itself is in ferry.scheduler.policy)."""
+"""Whether a node can take work now (the scoring itself is in ferry.policy.decisions)."""
 
 from ferry.common.models import Node, NodeState
 
