@@ -8,7 +8,7 @@ for state, core NATS for progress and log reads.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import nats
@@ -45,11 +45,39 @@ class CasConflict(BusError):
 class Table(Generic[M]):
     """A JetStream KV bucket holding JSON records of one pydantic model."""
 
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str, model: type[M]) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str, model: type[M],
+                 nc: Client | None = None) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
         self._model = model
+        self._nc = nc
+
+    @contextlib.asynccontextmanager
+    async def watching(self, key: str, changed: asyncio.Event | None = None) -> AsyncIterator[asyncio.Event]:
+        """An event that is set each time `key` is written or deleted, for as long as the block runs.
+
+        A core subscription to the key's KV subject (every write to a KV key is a message on
+        ``$KV.<bucket>.<key>``): no consumer to create, and NATS re-subscribes it after a
+        reconnect. The caller clears the event and reads the record; a write made before the
+        subscription is not signalled, so read once after entering. `changed`: an event of the
+        caller's to set (one it also sets for other wake-ups), else a new one."""
+        changed = changed if changed is not None else asyncio.Event()
+        if self._nc is None:
+            raise BusError(f"cannot watch {key} in {self._bucket}: no connection")
+
+        async def on_write(msg: Msg) -> None:
+            changed.set()
+
+        try:
+            sub = await self._nc.subscribe(f"$KV.{self._bucket}.{wire.token(key)}", cb=on_write)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot watch {key} in {self._bucket}: {exc or type(exc).__name__}") from exc
+        try:
+            yield changed
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def get(self, key: str) -> M | None:
         found = await self.get_rev(key)
@@ -214,7 +242,7 @@ class Bus:
         except nats.js.errors.BucketNotFoundError:
             config = api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE, replicas=self.replicas)
             kv = await self.js.create_key_value(config)
-        return Table(self.js, kv, name, model)
+        return Table(self.js, kv, name, model, self.nc)
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
         """Publishes to JetStream with the current trace context; `msg_id` dedups retries."""

@@ -31,6 +31,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _tracer = tracer("api")
+OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) is read again after this
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
@@ -62,34 +63,42 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         op = Op(id=cmd.op, kind=cmd.kind, job=cmd.job)
         await self.bus.ops.put(op.id, op)
         updates: asyncio.Queue[wire.Progress] = asyncio.Queue()
+        wake = asyncio.Event()  # progress arrived, or the op was written
 
         async def on_progress(msg: Msg) -> None:
             with contextlib.suppress(wire.WireError):
                 await updates.put(wire.decode(wire.Progress, msg.data))
+                wake.set()
 
         sub = await self.bus.subscribe(wire.progress_subject(op.id), on_progress)
         try:
             deadline = time.monotonic() + self.timeout_s
-            # a bus that lost a server answers again within seconds: retry (the msg id dedups)
-            await self._until(deadline, lambda: self.bus.publish(wire.SCHEDULER_CMD, cmd, msg_id=op.id))
-            while True:
-                while not updates.empty():
-                    p = updates.get_nowait()
-                    yield pb.OpUpdate(op=op.id, phase=p.phase, done_bytes=p.done, total_bytes=p.total)
-                try:
-                    current = await self.bus.ops.get(op.id)
-                    final = await self.final_update(current) if current is not None and current.finished else None
-                except BusError as exc:
-                    log.warning("reading op %s: %s; trying again", op.id, exc)
-                    final = None
-                if final is not None:
-                    yield final
-                    return
-                if time.monotonic() > deadline:
-                    yield pb.OpUpdate(op=op.id, done=True, error_code=1, error=(
-                        f"no outcome after {self.timeout_s:.0f}s; op {op.id} goes on: `ferry status` shows the job"))
-                    return
-                await asyncio.sleep(0.1)
+            async with self.bus.ops.watching(op.id, wake):
+                # a bus that lost a server answers again within seconds: retry (the msg id dedups)
+                await self._until(deadline, lambda: self.bus.publish(wire.SCHEDULER_CMD, cmd, msg_id=op.id))
+                while True:
+                    wake.clear()
+                    while not updates.empty():
+                        p = updates.get_nowait()
+                        yield pb.OpUpdate(op=op.id, phase=p.phase, done_bytes=p.done, total_bytes=p.total)
+                    try:
+                        current = await self.bus.ops.get(op.id)
+                        final = await self.final_update(current) if current is not None and current.finished else None
+                    except BusError as exc:
+                        log.warning("reading op %s: %s; trying again", op.id, exc)
+                        final = None
+                    if final is not None:
+                        yield final
+                        return
+                    if time.monotonic() > deadline:
+                        yield pb.OpUpdate(op=op.id, done=True, error_code=1, error=(
+                            f"no outcome after {self.timeout_s:.0f}s; op {op.id} goes on: `ferry status` shows "
+                            "the job"))
+                        return
+                    # the op's next write or progress; a write missed while the bus reconnected is
+                    # still seen after OP_RECHECK_S
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), OP_RECHECK_S)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -189,12 +198,17 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             await self.fail(context, exc)
             raise AssertionError("unreachable") from exc
         deadline = time.monotonic() + request.timeout_s if request.timeout_s > 0 else None
-        while job.state not in TERMINAL_STATES:
-            if deadline is not None and time.monotonic() > deadline:
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"job {job.name} is still {job.state} after {request.timeout_s:.0f}s")
-            await asyncio.sleep(0.2)
-            job = await self.bus.jobs.get(job.id) or job
+        async with self.bus.jobs.watching(job.id) as changed:
+            job = await self.bus.jobs.get(job.id) or job  # a write before the watch began
+            while job.state not in TERMINAL_STATES:
+                left = deadline - time.monotonic() if deadline is not None else OP_RECHECK_S
+                if left <= 0:
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                        f"job {job.name} is still {job.state} after {request.timeout_s:.0f}s")
+                with contextlib.suppress(TimeoutError):  # a write missed while the bus reconnected
+                    await asyncio.wait_for(changed.wait(), min(left, OP_RECHECK_S))
+                changed.clear()
+                job = await self.bus.jobs.get(job.id) or job
         return convert.job_to_pb(job)
 
     async def _stream_op(self, name: str, context: Ctx, build: Any) -> AsyncIterator[pb.OpUpdate]:
