@@ -434,7 +434,7 @@ class Event(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., job: _Optional[str] = ..., node: _Optional[str] = ..., time: _Optional[float] = ..., message: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...
 
 class OpUpdate(_message.Message):
-    __slots__ = ("op", "phase", "done_bytes", "total_bytes", "done", "error", "error_code", "checkpoint", "job", "restore_ms", "total_ms", "result_json")
+    __slots__ = ("op", "phase", "done_bytes", "total_bytes", "done", "error", "error_code", "checkpoint", "job", "restore_ms", "total_ms", "result_json", "error_kind")
     OP_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +447,7 @@ class OpUpdate(_message.Message):
     RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     op: str
     phase: str
     done_bytes: int
@@ -459,4 +460,5 @@ class OpUpdate(_message.Message):
     restore_ms: float
     total_ms: float
     result_json: str
-    def __init__(self, op: _Optional[str] = ..., phase: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., result_json: _Optional[str] = ...) -> None: ...
+    error_kind: str
+    def __init__(self, op: _Optional[str] = ..., phase: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., result_json: _Optional[str] = ..., error_kind: _Optional[str] = ...) -> None: ...

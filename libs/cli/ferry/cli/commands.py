@@ -9,7 +9,7 @@ from typing import Any
 
 from ferry.cli.client import ApiError, Client
 from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
-from ferry.common.errors import UsageError
+from ferry.common.errors import UsageError, from_kind
 from ferry.common.jobspec import check_request
 from ferry.common.units import parse_duration, parse_size
 from ferry.v1 import ferry_pb2 as pb
@@ -86,6 +86,9 @@ def _follow_op(client: Client, args: argparse.Namespace, method: Any, request: A
     if final is None:
         raise ApiError("the API closed the stream before the operation ended; `ferry status` shows the job")
     if final.error:
+        # the error that ended the op, as its kind (exit 2 for a NotFoundError or a UsageError)
+        if final.error_kind:
+            raise from_kind(final.error_kind, final.error)
         raise ApiError(final.error, final.error_code or 1)
     return final
 

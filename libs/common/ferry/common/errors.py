@@ -10,7 +10,10 @@
          ferry.criu.errors.CriuError, ferry.common.bus.BusError, ...)
 
 Errors from libraries (nats, grpc, minio, CRIU) are translated at the boundary with
-``raise FerryError(...) from exc`` so that callers handle one tree.
+``raise FerryError(...) from exc`` so that callers handle one tree. An error that ends an operation
+crosses the bus as its kind (``kind_of``: the nearest class of this module's tree, by name) and is
+raised again on the other side (``from_kind``), so that the API answers a scheduler's NotFoundError
+with NOT_FOUND, as it would its own.
 """
 
 
@@ -46,3 +49,24 @@ class ConfigError(FerryError):
     """An invalid configuration file or FERRY_* variable."""
 
     exit_code = 2
+
+
+_KINDS: dict[str, type[FerryError]] = {
+    cls.__name__: cls for cls in (FerryError, UsageError, NotFoundError, ConflictError, AlreadyExistsError, ConfigError)
+}
+
+
+def kind_of(exc: FerryError) -> str:
+    """The name of the nearest class of this module's tree that `exc` is an instance of."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _KINDS and _KINDS[cls.__name__] is cls:
+            return cls.__name__
+    return FerryError.__name__
+
+
+def from_kind(kind: str, message: str, exit_code: int | None = None) -> FerryError:
+    """The error of kind `kind` (FerryError for an unknown or empty kind) with `message`."""
+    exc = _KINDS.get(kind, FerryError)(message)
+    if exit_code is not None and kind not in _KINDS:
+        exc.exit_code = exit_code  # an error from before kinds crossed the bus: its code is all there is
+    return exc

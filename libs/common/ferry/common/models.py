@@ -169,6 +169,7 @@ class Op(Record):
     updated: float = Field(default_factory=now)
     error: str | None = None
     error_code: int = 0
+    error_kind: str = ""  # the error's class in ferry.common.errors (kind_of), when it ended in one
     checkpoint: str | None = None
     restore_ms: float | None = None
     total_ms: float | None = None

@@ -68,7 +68,7 @@ def event_to_pb(e: Event) -> pb.Event:
 
 def op_to_update(op: Op) -> pb.OpUpdate:
     update = pb.OpUpdate(op=op.id, phase=op.phase, done=op.finished, error=op.error or "",
-                         error_code=op.error_code, total_ms=op.total_ms or 0.0)
+                         error_code=op.error_code, error_kind=op.error_kind, total_ms=op.total_ms or 0.0)
     if op.restore_ms is not None:
         update.restore_ms = op.restore_ms
     if op.result:

@@ -20,7 +20,7 @@ from ferry.api.auth import TokenInterceptor
 from ferry.api.errors import ErrorInterceptor, status_of
 from ferry.common import wire
 from ferry.common.bus import Bus, BusError
-from ferry.common.errors import FerryError, NotFoundError, UsageError
+from ferry.common.errors import FerryError, NotFoundError, UsageError, from_kind
 from ferry.common.jobspec import check_request
 from ferry.common.models import TERMINAL_STATES, Event, Job, Op, OpKind, new_id
 from ferry.common.service import Service, service_main
@@ -153,6 +153,10 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     @staticmethod
     async def fail_op(context: Ctx, update: pb.OpUpdate) -> None:
+        """Ends the call as the error that ended the op would have, raised here (its kind crossed
+        the bus); an op that failed without one (a node's failure) is FAILED_PRECONDITION."""
+        if update.error_kind:
+            await context.abort(status_of(from_kind(update.error_kind, update.error)), update.error)
         code = grpc.StatusCode.INVALID_ARGUMENT if update.error_code == 2 else grpc.StatusCode.FAILED_PRECONDITION
         await context.abort(code, update.error)
 

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 
 from ferry.common import wire
-from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError
+from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError, kind_of
 from ferry.common.models import (
     BUSY_STATES,
     Event,
@@ -100,7 +100,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             log.warning("refused a malformed command%s: %s", f" (op {op_id})" if op_id else "", exc)
             if op_id is not None:
                 async with self.lock:
-                    await self.state.finish_op(op_id, error=str(exc), error_code=2)
+                    await self.state.finish_op(op_id, error=str(exc), error_code=2, error_kind="UsageError")
             return
         with _tracer.start_as_current_span(f"scheduler.{cmd.kind}", context=extract(msg.headers)) as span:
             span.set_attribute("ferry.op", cmd.op)
@@ -114,7 +114,8 @@ class Scheduler(LiveMoves, ControlLoop, Service):
                 except FerryError as exc:
                     span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
                     await self.state.save_op(op)
-                    await self.state.finish_op(op.id, error=str(exc), error_code=exc.exit_code)
+                    await self.state.finish_op(op.id, error=str(exc), error_code=exc.exit_code,
+                                               error_kind=kind_of(exc))
 
     async def dispatch(self, cmd: wire.SchedulerCommand, op: Op) -> None:
         if cmd.kind == OpKind.SUBMIT:

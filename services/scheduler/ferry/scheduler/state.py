@@ -59,7 +59,8 @@ class ClusterState:
         await self.bus.ops.put(op.id, op)
 
     async def finish_op(self, op_id: str | None, *, error: str | None = None, error_code: int = 1,
-                        **fields: object) -> None:
+                        error_kind: str = "", **fields: object) -> None:
+        """Ends the op; `error_kind` names the error's class (``errors.kind_of``) when one ended it."""
         if not op_id:
             return
         op = await self.op(op_id)
@@ -70,6 +71,7 @@ class ClusterState:
         op.state = OpState.FAILED if error else OpState.DONE
         op.error = error
         op.error_code = error_code if error else 0
+        op.error_kind = error_kind if error else ""
         op.total_ms = (time.time() - op.created) * 1000
         await self.save_op(op)
 
