@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import ByteSize, Field, ValidationError
+from pydantic import ByteSize, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ferry.common.cluster import NodeSpec
 from ferry.common.errors import ConfigError
+
+NoticeProvider = Literal["aws", "gcp", "azure"]
 
 
 class Settings(BaseSettings):
@@ -35,11 +38,14 @@ class Settings(BaseSettings):
     scratch_dir: str = ""  # node services: where images are staged (default: /dev/shm if tmpfs, else work dir)
     disk_reserve: ByteSize = ByteSize(256 << 20)  # node services: kept free in scratch and a local store
 
-    node_spec: str = ""  # node services: JSON of ferry.common.cluster.NodeSpec (labels, capacity, price)
-    # node services: interruption notice sources, "aws=URL,gcp=URL,azure=URL" (empty: none)
-    interruption_sources: str = ""
+    # node services: this node's labels, capacity and price (JSON of ferry.common.cluster.NodeSpec;
+    # unset: this machine's CPUs and memory)
+    node_spec: NodeSpec | None = None
+    # node services: interruption notice sources, "aws=URL,gcp=URL,azure=URL" or a mapping (empty: none)
+    interruption_sources: dict[NoticeProvider, str] = Field(default_factory=dict)
     notice_poll_s: float = Field(default=1.0, gt=0)
-    price_feeds: str = ""  # pricing: comma-separated feed files (spot history JSON, catalog CSV, on-prem YAML)
+    # pricing: feed files (spot history JSON, catalog CSV, on-prem YAML): a list, or comma-separated
+    price_feeds: list[Path] = Field(default_factory=list)
     price_poll_s: float = Field(default=10.0, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=5.0, gt=0)
@@ -51,6 +57,46 @@ class Settings(BaseSettings):
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     otel_endpoint: str = ""
     log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, env_settings: Any,
+                                   dotenv_settings: Any, file_secret_settings: Any) -> tuple[Any, ...]:
+        """Only what the caller passes: load_settings reads the file and the FERRY_* variables
+        itself, with the forms a variable takes ("aws=URL,gcp=URL", comma-separated lists, JSON)."""
+        return (init_settings,)
+
+    @field_validator("node_spec", mode="before")
+    @classmethod
+    def _node_spec_json(cls, value: object) -> object:
+        if isinstance(value, str):
+            return NodeSpec.model_validate_json(value) if value.strip() else None
+        return value
+
+    @field_validator("interruption_sources", mode="before")
+    @classmethod
+    def _sources(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        sources: dict[str, str] = {}
+        for item in filter(None, (s.strip() for s in value.split(","))):
+            provider, sep, url = item.partition("=")
+            if not sep or not url.startswith(("http://", "https://")):
+                raise ValueError(f"{item!r} is not PROVIDER=URL (aws=http://..., gcp=..., azure=...)")
+            sources[provider.strip()] = url.strip()
+        return sources
+
+    @field_validator("interruption_sources")
+    @classmethod
+    def _urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for provider, url in value.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{provider}: {url!r} is not an http(s) URL")
+        return value
+
+    @field_validator("price_feeds", mode="before")
+    @classmethod
+    def _feeds(cls, value: object) -> object:
+        return [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
 
     def resolved_store_url(self) -> str:
         return self.store_url or str(self.data_dir / "store")

@@ -22,7 +22,7 @@ from ferry.checkpointer.live import LiveSource
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
-from ferry.common.errors import ConfigError, FerryError
+from ferry.common.errors import FerryError
 from ferry.common.models import TERMINAL_STATES, CheckpointRecord, Node, NodeState
 from ferry.common.service import service_main
 from ferry.common.tracing import tracer
@@ -85,11 +85,8 @@ class Checkpointer(LiveSource, NodeService):
         await self.recover_interrupted_stops()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
-        try:
-            self.spec = (NodeSpec.model_validate_json(self.settings.node_spec) if self.settings.node_spec
-                         else NodeSpec(id=self.node_id, cpus=os.cpu_count() or 1, memory=read_meminfo_bytes() or 1))
-        except ValueError as exc:
-            raise ConfigError(f"FERRY_NODE_SPEC is not a valid node description: {exc}") from exc
+        self.spec = self.settings.node_spec or NodeSpec(id=self.node_id, cpus=os.cpu_count() or 1,
+                                                        memory=read_meminfo_bytes() or 1)
         self.notice_deadline: float | None = None
         self.gpu_monitor = self.make_gpu_monitor()
         await asyncio.to_thread(self.gpu_monitor.start)
@@ -249,15 +246,9 @@ class Checkpointer(LiveSource, NodeService):
     # ---- interruption notices --------------------------------------------------------------
 
     def notice_sources(self) -> list[NoticeSource]:
-        sources: list[NoticeSource] = []
-        for item in filter(None, (s.strip() for s in self.settings.interruption_sources.split(","))):
-            provider, _, url = item.partition("=")
-            kinds: dict[str, type[AwsImds] | type[GcpMetadata] | type[AzureScheduledEvents]] = {
-                "aws": AwsImds, "gcp": GcpMetadata, "azure": AzureScheduledEvents}
-            if provider not in kinds or not url:
-                raise ConfigError(f"bad interruption source {item!r}: use aws=URL, gcp=URL or azure=URL")
-            sources.append(kinds[provider](url))
-        return sources
+        kinds: dict[str, type[AwsImds] | type[GcpMetadata] | type[AzureScheduledEvents]] = {
+            "aws": AwsImds, "gcp": GcpMetadata, "azure": AzureScheduledEvents}
+        return [kinds[provider](url) for provider, url in self.settings.interruption_sources.items()]
 
     async def notice_loop(self) -> None:
         sources = self.notice_sources()

@@ -40,7 +40,7 @@ class Pricing(Service):
         self.seen: dict[Path, float] = {}
 
     def feed_paths(self) -> list[Path]:
-        return [Path(p.strip()) for p in self.settings.price_feeds.split(",") if p.strip()]
+        return list(self.settings.price_feeds)
 
     async def run(self) -> None:
         while not self.stopping.is_set():
