@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from ferry.common import wire
-from ferry.common.errors import FerryError
+from ferry.common.errors import ConfigError, FerryError, NotFoundError, UsageError
 from ferry.common.models import CheckpointRecord, Job, Node, Op, PriceRecord, ServiceBeat
 from ferry.common.tracing import inject
 
@@ -40,6 +40,55 @@ class BusError(FerryError):
 
 class CasConflict(BusError):
     """A compare-and-set update of a KV record lost a race."""
+
+
+MAX_DELIVER = 20
+"""How many times a command or report is delivered before it is dropped (about 2.5 minutes of
+doubling delays, plus the handlers' own time): one that fails that often fails for a reason a retry
+does not mend."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """An error no redelivery can mend: bad input, an unknown job or node, a bad configuration."""
+    return isinstance(exc, (UsageError, NotFoundError, ConfigError))
+
+
+async def _finish_handlers(running: set["asyncio.Task[None]"], drain_s: float, durable: str) -> None:
+    """Waits `drain_s` for the handlers still running, then cancels the rest (not acked: they go to
+    the consumer's next subscriber)."""
+    if not running:
+        return
+    _, late = await asyncio.wait(set(running), timeout=drain_s)
+    for task in late:
+        task.cancel()
+    if late:
+        log.warning("%s: cancelled %d handler(s) still running after %.0fs", durable, len(late), drain_s)
+        await asyncio.gather(*late, return_exceptions=True)
+
+
+async def _settle_failed(msg: Msg, exc: Exception) -> None:
+    """A handler raised `exc` on `msg`: drop it (malformed, permanent, or delivered MAX_DELIVER
+    times) or have it redelivered after a delay that doubles with each delivery (0.5 s to 10 s)."""
+    delivered = _deliveries(msg)
+    if isinstance(exc, wire.WireError):
+        log.error("dropping malformed message on %s: %s", msg.subject, exc)
+    elif is_permanent(exc) or delivered >= MAX_DELIVER:
+        log.error("dropping the message on %s after %d deliveries: %s", msg.subject, delivered, exc)
+    else:
+        log.exception("handler failed on %s (delivery %d of %d); it will be redelivered", msg.subject, delivered,
+                      MAX_DELIVER, exc_info=exc)
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=min(10.0, 0.5 * 2.0 ** (delivered - 1)))
+        return
+    with contextlib.suppress(Exception):
+        await msg.term()
+
+
+def _deliveries(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered or 1)
+    except Exception:
+        return 1
 
 
 class Table(Generic[M]):
@@ -281,12 +330,16 @@ class Bus:
         concurrency: int = 1,
         ack_wait: float = 30.0,
         stop: asyncio.Event,
+        drain_s: float = 20.0,
     ) -> None:
         """Runs `handler` on each message of a durable pull consumer until `stop` is set.
 
-        A message is acked after its handler returns; a handler that raises gets it redelivered
-        (after a short delay), except for malformed messages (WireError), which are dropped.
-        With concurrency > 1, up to that many handlers run at once.
+        A message is acked after its handler returns. A handler that raises a temporary error gets
+        it redelivered, after a delay that doubles with each delivery (0.5 s to 10 s), at most
+        MAX_DELIVER times in all; a permanent one (``is_permanent``: input that will never be
+        valid) and a malformed message (WireError) are dropped at once. With concurrency > 1, up to
+        that many handlers run at once; once `stop` is set they get `drain_s` to finish, then are
+        cancelled (their messages, not acked, go to the successor).
         """
         config = api.ConsumerConfig(
             durable_name=durable,
@@ -294,6 +347,7 @@ class Bus:
             ack_wait=ack_wait,
             max_ack_pending=max(concurrency * 4, 16),
             filter_subject=subject,
+            max_deliver=MAX_DELIVER,
         )
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
         slots = asyncio.Semaphore(concurrency)
@@ -302,13 +356,8 @@ class Bus:
         async def run_one(msg: Msg) -> None:
             try:
                 await handler(msg)
-            except wire.WireError as exc:
-                log.error("dropping malformed message on %s: %s", msg.subject, exc)
-                await msg.term()
-            except Exception:
-                log.exception("handler failed on %s; it will be redelivered", msg.subject)
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=1.0)
+            except Exception as exc:
+                await _settle_failed(msg, exc)
             else:
                 with contextlib.suppress(Exception):
                     await msg.ack()
@@ -338,8 +387,7 @@ class Bus:
                 task = asyncio.create_task(run_one(msg))
                 running.add(task)
                 task.add_done_callback(running.discard)
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await _finish_handlers(running, drain_s, durable)
 
     async def close(self) -> None:
         # Not nc.drain(): it waits out its 30 s timeout on pull subscriptions. Whatever a closing

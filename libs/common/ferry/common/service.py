@@ -1,8 +1,11 @@
 """The lifecycle every Ferry service shares: start, ready, drain on SIGTERM, close.
 
 A service subclasses `Service`, implements `start` (connect, load state) and `run` (its loops, which
-return once `self.stopping` is set), and optionally `drain` and `close`. `service_main` gives it a
-command line with `--config` and `--check` (exit 0 when the service is alive and ready, else 1).
+return once `self.stopping` is set), and optionally `drain` and `close`. Work it runs in the
+background goes through `spawn`: on SIGTERM, `drain` and those tasks together get
+`drain_timeout_s`, then what is left is cancelled (a node command not acked by then goes to the
+successor). `service_main` gives it a command line with `--config` and `--check` (exit 0 when the
+service is alive and ready, else 1); a service adds its own flags in `add_arguments`.
 """
 
 import argparse
@@ -15,7 +18,8 @@ import socket
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from ferry.common.bus import Bus
 from ferry.common.config import Settings, load_settings
@@ -34,6 +38,28 @@ class Service(ABC):
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()
         self.bus: Bus | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Flags of this service beyond the common ones (each overrides the setting of its name)."""
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
+        """Runs `work` in the background, awaited (within the drain timeout) or cancelled on drain."""
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _finish_tasks(self, deadline: float) -> None:
+        pending = set(self.tasks)
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("%s: cancelled %d background task(s) at the drain timeout", self.name, len(pending))
+            await asyncio.gather(*pending, return_exceptions=True)
 
     @property
     def instance(self) -> str:
@@ -87,10 +113,12 @@ class Service(ABC):
             await self.run()
         finally:
             self.stopping.set()
+            deadline = time.monotonic() + self.settings.drain_timeout_s
             try:
                 await asyncio.wait_for(self.drain(), self.settings.drain_timeout_s)
             except TimeoutError:
                 log.warning("%s: drain timed out after %ss", self.name, self.settings.drain_timeout_s)
+            await self._finish_tasks(deadline)
             beat.cancel()
             await self.close()
             log.info("%s %s stopped", self.name, self.instance)
@@ -118,8 +146,7 @@ def service_main(cls: type[Service], argv: Sequence[str] | None = None, *, node:
     if node:
         parser.add_argument("--node", dest="node_id", help="this node's id (FERRY_NODE_ID)")
         parser.add_argument("--work-dir", help="node work directory (FERRY_WORK_DIR)")
-    if cls.name == "api":
-        parser.add_argument("--grpc", dest="addr", help="HOST:PORT to serve the admin API on (FERRY_ADDR)")
+    cls.add_arguments(parser)
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k not in ("config", "check")}
     try:

@@ -1,6 +1,7 @@
 """The gRPC admin API. Reads come straight from KV; actions become scheduler commands whose op the
 API then watches (streaming progress for checkpoints, restores and moves) until it ends."""
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -382,6 +383,10 @@ class Api(Service):
     """Serves the gRPC admin API."""
 
     name = "api"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--grpc", dest="addr", help="HOST:PORT to serve the admin API on (FERRY_ADDR)")
 
     async def start(self) -> None:
         bus = await self.connect()

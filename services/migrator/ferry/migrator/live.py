@@ -36,7 +36,6 @@ PREPARED_TTL_S = 300.0
 class LiveTarget(NodeService):
     """Mixed into the migrator."""
 
-    live_tasks: set["asyncio.Task[None]"]
     prepared: dict[str, tuple[int, LazyTarget]]
     adopted: set[str]
 
@@ -55,31 +54,35 @@ class LiveTarget(NodeService):
         self.adopted.add(job_id)
         log.warning("taking over the live move of %s (incarnation %d) that a previous migrator left",
                     job_id, orphan.record.incarnation)
-        task = asyncio.create_task(self._finish_orphan(job_id, orphan))
-        self.live_tasks.add(task)
-        task.add_done_callback(self.live_tasks.discard)
+        self.spawn(self._finish_orphan(job_id, orphan))
 
     async def _finish_orphan(self, job_id: str, orphan: OrphanTarget) -> None:
         r = orphan.record
         try:
-            try:
-                pages = await orphan.wait_local(self.settings.api_timeout_s * 5)
-            except LiveMoveFailed as exc:
-                await self.report(wire.NodeEvent(kind="live_lost", node=self.node_id, job=job_id,
-                                                 incarnation=r.incarnation, op=r.op,
-                                                 error=f"the memory stopped coming from the source: {exc}"))
-                return
-            local_at = orphan.local_at or time.time()
-            data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
-                    "degraded_ms": (local_at - r.running_at) * 1000 if r.running_at else None,
-                    "local_at": local_at, "first_write_at": None, "adopted": True}
-            await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=job_id,
-                                             incarnation=r.incarnation, op=r.op, data=data))
-        finally:
-            orphan.forget()
-            Path(r.exit_file).unlink(missing_ok=True)
-            shutil.rmtree(r.images, ignore_errors=True)
+            await self._report_orphan(job_id, orphan)
+        except asyncio.CancelledError:  # drained: the record stays for the successor
             self.adopted.discard(job_id)
+            raise
+        orphan.forget()
+        Path(r.exit_file).unlink(missing_ok=True)
+        shutil.rmtree(r.images, ignore_errors=True)
+        self.adopted.discard(job_id)
+
+    async def _report_orphan(self, job_id: str, orphan: OrphanTarget) -> None:
+        r = orphan.record
+        try:
+            pages = await orphan.wait_local(self.settings.api_timeout_s * 5)
+        except LiveMoveFailed as exc:
+            await self.report(wire.NodeEvent(kind="live_lost", node=self.node_id, job=job_id,
+                                             incarnation=r.incarnation, op=r.op,
+                                             error=f"the memory stopped coming from the source: {exc}"))
+            return
+        local_at = orphan.local_at or time.time()
+        data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
+                "degraded_ms": (local_at - r.running_at) * 1000 if r.running_at else None,
+                "local_at": local_at, "first_write_at": None, "adopted": True}
+        await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=job_id,
+                                         incarnation=r.incarnation, op=r.op, data=data))
 
     def live_images(self, cmd: wire.NodeCommand) -> Path:
         """Where a live move's images (all but memory) are staged here, for prepare and restore alike."""
@@ -103,9 +106,7 @@ class LiveTarget(NodeService):
             log.warning("could not prepare the live restore of %s (it will be slower): %s", job.name, exc)
             return
         self.prepared[job.id] = (cmd.incarnation, target)
-        task = asyncio.create_task(self._expire(job.id, target))
-        self.live_tasks.add(task)
-        task.add_done_callback(self.live_tasks.discard)
+        self.spawn(self._expire(job.id, target))
 
     async def _expire(self, job_id: str, target: LazyTarget) -> None:
         """A prepared restore the move never used (it failed on the source) goes after a while."""
@@ -172,29 +173,35 @@ class LiveTarget(NodeService):
                                                "running_at": target.running_at}))
         if d.get("fail") == "postcopy":  # fault injection (tests): the memory stops coming midway
             await target.lazy.kill()
-        task = asyncio.create_task(self._until_local(cmd, target, images))
-        self.live_tasks.add(task)
-        task.add_done_callback(self.live_tasks.discard)
+        self.spawn(self._until_local(cmd, target, images))
 
     async def _until_local(self, cmd: wire.NodeCommand, target: LazyTarget, images: Path) -> None:
         try:
-            try:
-                pages = await target.wait_local(self.settings.api_timeout_s * 5)
-            except LiveMoveFailed as exc:
-                await self.report(wire.NodeEvent(kind="live_lost", node=self.node_id, job=cmd.job.id,
-                                                 incarnation=cmd.incarnation, op=cmd.op,
-                                                 error=f"the memory stopped coming from the source: {exc}"))
-                return
-            if target.watch is not None and target.first_write_at is None:
-                # a job that writes rarely: give it a moment to show progress
-                await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
-            target.close()
-            assert target.running_at is not None and target.local_at is not None
-            data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
-                    "degraded_ms": (target.local_at - target.running_at) * 1000, "local_at": target.local_at,
-                    "first_write_at": target.first_write_at}
-            await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, data=data))
-        finally:
+            await self._report_local(cmd, target)
+        except asyncio.CancelledError:  # drained: live-target.json stays, the successor finishes it
+            raise
+        except BaseException:
             target.forget()
             shutil.rmtree(images, ignore_errors=True)
+            raise
+        target.forget()
+        shutil.rmtree(images, ignore_errors=True)
+
+    async def _report_local(self, cmd: wire.NodeCommand, target: LazyTarget) -> None:
+        try:
+            pages = await target.wait_local(self.settings.api_timeout_s * 5)
+        except LiveMoveFailed as exc:
+            await self.report(wire.NodeEvent(kind="live_lost", node=self.node_id, job=cmd.job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op,
+                                             error=f"the memory stopped coming from the source: {exc}"))
+            return
+        if target.watch is not None and target.first_write_at is None:
+            # a job that writes rarely: give it a moment to show progress
+            await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
+        target.close()
+        assert target.running_at is not None and target.local_at is not None
+        data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
+                "degraded_ms": (target.local_at - target.running_at) * 1000, "local_at": target.local_at,
+                "first_write_at": target.first_write_at}
+        await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
+                                         incarnation=cmd.incarnation, op=cmd.op, data=data))

@@ -40,7 +40,6 @@ class Migrator(LiveTarget, NodeService):
 
     async def start(self) -> None:
         await super().start()
-        self.live_tasks = set()
         self.prepared = {}
         self.adopted = set()
         self.adopt_orphans()
@@ -49,7 +48,8 @@ class Migrator(LiveTarget, NodeService):
         assert self.bus is not None
         await self.bus.consume(stream=wire.CMD_STREAM, durable=f"migrator-{self.node_id}",
                                subject=wire.node_cmd_subject(self.node_id, "migrator"),
-                               handler=self.on_command, concurrency=2, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping)
+                               handler=self.on_command, concurrency=2, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping,
+                               drain_s=self.settings.drain_timeout_s)
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
         return {"restore": self.restore, "live_restore": self.live_restore,

@@ -82,9 +82,11 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         assert self.bus is not None
         loops = [
             self.bus.consume(stream=wire.CMD_STREAM, durable="scheduler", subject=wire.SCHEDULER_CMD,
-                             handler=self.on_command, stop=self.stopping),
+                             handler=self.on_command, stop=self.stopping,
+                             drain_s=self.settings.drain_timeout_s),
             self.bus.consume(stream=wire.EVT_STREAM, durable="scheduler-node-events",
-                             subject=wire.NODE_EVENTS, handler=self.on_node_event, stop=self.stopping),
+                             subject=wire.NODE_EVENTS, handler=self.on_node_event, stop=self.stopping,
+                             drain_s=self.settings.drain_timeout_s),
             self.tick_loop(),
         ]
         await asyncio.gather(*loops)
