@@ -22,6 +22,7 @@ from typing import IO
 
 from ferry.criu.errors import CriuError
 from ferry.criu.jobdir import JobDir
+from ferry.criu.linux import process_tree
 from ferry.criu.logs import failure_summary
 from ferry.criu.runner import DUMP_LOG
 from ferry.criu.sizes import SIZES_FILE
@@ -167,30 +168,9 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rpartition(")")[2].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def tree_pids(root: int) -> list[int]:
     """``root`` and its descendants (for a workload that is PID 1 of its namespace: all of it)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            parent = _ppid(int(entry.name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(entry.name))
-    if _ppid(root) is None:
-        return []
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
+    return process_tree(root)
 
 
 def signal_all(pids: Sequence[int], sig: int) -> None:

@@ -7,6 +7,8 @@ import os
 import signal
 from functools import cache
 
+import psutil
+
 __all__ = [
     "CLONE_NEWNS",
     "CLONE_NEWPID",
@@ -15,6 +17,7 @@ __all__ = [
     "is_gone",
     "mount_own_proc",
     "ns_pids",
+    "process_tree",
     "reset_signals",
     "set_child_subreaper",
     "unshare",
@@ -115,10 +118,18 @@ def catches_signal(pid: int, sig: int) -> bool:
 def is_gone(pid: int) -> bool:
     """True when ``pid`` no longer runs: absent, or a zombie waiting for its reaper."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return True
-    # The state letter follows the command name, which is in parentheses and may hold spaces.
-    state = stat.rpartition(")")[2].split()[0]
-    return state in ("Z", "X")
+    except psutil.Error:
+        return False
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, parents first ([] when ``pid`` is gone). For a workload
+    that is PID 1 of its own namespace, that is every process of the job."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(p.pid for p in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []

@@ -9,31 +9,17 @@ from pathlib import Path
 import psutil
 
 from ferry.criu.jobdir import JobDir
+from ferry.criu.linux import is_gone, process_tree
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return False
+    """`pid` runs (it exists and is not a zombie)."""
+    return not is_gone(pid)
 
 
 def tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (read from /proc/<pid>/task/*/children), parents first."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            with contextlib.suppress(OSError, ValueError):
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-    return out
+    """`pid` and all its descendants, parents first (``ferry.criu.linux.process_tree``)."""
+    return process_tree(pid) or [pid]
 
 
 def signal_tree(pid: int, sig: signal.Signals) -> None:
