@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ferry.criu.jobdir import JobDir
+from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch, restore
 from ferry.criu.procfs_guard import PARASITE_DIR
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
 from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild
 
@@ -40,6 +40,18 @@ def own_proc(pid: int) -> bool:
     """Its /proc is a proc other than the host's: another device, another mount namespace."""
     return (os.stat(f"/proc/{pid}/root/proc").st_dev != os.stat("/proc").st_dev
             and os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"))
+
+
+async def restore_and_run(src: JobDir, dst: JobDir, images: Path, dumped: DumpResult, incarnation: int,
+                          pids: list[int]) -> tuple[ShimInfo, int]:
+    """Restores `images` into `dst` as a migrator would; returns once it writes on in its own /proc
+    (the restored job, and how many lines its output had at the restore)."""
+    restored = await restore(dst, images, inherit=rebuild(src, dst, dumped), incarnation=incarnation)
+    pids.append(restored.pid)
+    before = len(lines_in(dst.stdout))
+    await wait_for("output after the restore", lambda: len(lines_in(dst.stdout)) >= before + 3)
+    assert own_proc(restored.pid)
+    return restored, before
 
 
 async def test_a_job_has_its_own_proc_before_and_after_a_restore(tmp_path: Path, criu_ok: CriuRunner,
@@ -69,11 +81,7 @@ async def test_a_job_has_its_own_proc_before_and_after_a_restore(tmp_path: Path,
 
         marker.write_text("after")  # the restored job sees the host's /dev/shm, not a copy of it
         dst = JobDir(tmp_path / "b")
-        restored = await restore(dst, tmp_path / "images", inherit=rebuild(src, dst, result), incarnation=2)
-        pids.append(restored.pid)
-        before = len(lines_in(dst.stdout))
-        await wait_for("restored output", lambda: len(lines_in(dst.stdout)) >= before + 3)
-        assert own_proc(restored.pid)
+        restored, before = await restore_and_run(src, dst, tmp_path / "images", result, 2, pids)
         assert os.stat(f"/proc/{restored.pid}/root/dev/shm").st_dev == os.stat("/dev/shm").st_dev
         after = lines_in(dst.stdout)[before:]
         assert all(line.endswith(" after") and int(line.split()[0]) <= 4 for line in after), after
@@ -86,11 +94,6 @@ async def test_a_job_has_its_own_proc_before_and_after_a_restore(tmp_path: Path,
         assert set(again.file_keys) == {str(dst.stdout), str(dst.stderr)}
         assert all(k.startswith("file[") for k in again.file_keys.values())
         await wait_exit(dst)
-        third = JobDir(tmp_path / "c")
-        back = await restore(third, tmp_path / "images-2", inherit=rebuild(dst, third, again), incarnation=3)
-        pids.append(back.pid)
-        before = len(lines_in(third.stdout))
-        await wait_for("output after the second restore", lambda: len(lines_in(third.stdout)) >= before + 3)
-        assert own_proc(back.pid)
+        await restore_and_run(dst, JobDir(tmp_path / "c"), tmp_path / "images-2", again, 3, pids)
     finally:
         marker.unlink(missing_ok=True)
