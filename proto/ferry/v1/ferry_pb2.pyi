@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DrainNodeRequest(_message.Message):
-    __slots__ = ("node", "undo")
+    __slots__ = ("node", "undo", "wait_s")
     NODE_FIELD_NUMBER: _ClassVar[int]
     UNDO_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     node: str
     undo: bool
-    def __init__(self, node: _Optional[str] = ..., undo: _Optional[bool] = ...) -> None: ...
+    wait_s: float
+    def __init__(self, node: _Optional[str] = ..., undo: _Optional[bool] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class ListPricesRequest(_message.Message):
     __slots__ = ()

@@ -104,7 +104,8 @@ class Table(Generic[M]):
 
     @contextlib.asynccontextmanager
     async def watching(self, key: str, changed: asyncio.Event | None = None) -> AsyncIterator[asyncio.Event]:
-        """An event that is set each time `key` is written or deleted, for as long as the block runs.
+        """An event that is set each time `key` (">": any key) is written or deleted, for as long as
+        the block runs.
 
         A core subscription to the key's KV subject (every write to a KV key is a message on
         ``$KV.<bucket>.<key>``): no consumer to create, and NATS re-subscribes it after a
@@ -119,7 +120,8 @@ class Table(Generic[M]):
             changed.set()
 
         try:
-            sub = await self._nc.subscribe(f"$KV.{self._bucket}.{wire.token(key)}", cb=on_write)
+            subject = f"$KV.{self._bucket}.{'>' if key == '>' else wire.token(key)}"
+            sub = await self._nc.subscribe(subject, cb=on_write)
         except nats.errors.Error as exc:
             raise BusError(f"cannot watch {key} in {self._bucket}: {exc or type(exc).__name__}") from exc
         try:

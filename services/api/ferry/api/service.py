@@ -23,7 +23,7 @@ from ferry.common import wire
 from ferry.common.bus import Bus, BusError
 from ferry.common.errors import FerryError, NotFoundError, UsageError, from_kind
 from ferry.common.jobspec import check_request
-from ferry.common.models import TERMINAL_STATES, Event, Job, Op, OpKind, new_id
+from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Op, OpKind, new_id
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.sim import chaos
@@ -32,6 +32,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _tracer = tracer("api")
+DRAIN_SETTLED = frozenset({JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
 OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) is read again after this
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
@@ -343,10 +344,35 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             await self.require_node(request.node)
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN, node=request.node, stop=request.undo)
 
+        waits = request.wait_s > 0 and not request.undo
+        moving = {j.id for j in await self.bus.jobs.values()
+                  if j.node == request.node and j.state not in DRAIN_SETTLED} if waits else set()
         await self.unary_op("DrainNode", context, build)
+        if waits:
+            left = await self._drained(request.node, moving, request.wait_s)
+            if left:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                    f"{request.node}: {len(left)} job(s) not yet moved after {request.wait_s:.0f}s: "
+                    + ", ".join(f"{j.name} ({j.state})" for j in left)))
         node = await self.bus.nodes.get(request.node)
         assert node is not None
         return convert.node_to_pb(node)
+
+    async def _drained(self, node: str, moving: set[str], wait_s: float) -> list[Job]:
+        """Waits, on a watch of every job's record, until no job runs on `node` any more and each of
+        `moving` runs elsewhere, is parked or has ended; the jobs left at `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        async with self.bus.jobs.watching(">") as changed:
+            while True:
+                changed.clear()
+                left = [j for j in await self.bus.jobs.values()
+                        if (j.node == node and j.state != JobState.PREEMPTED)
+                        or (j.id in moving and j.state not in DRAIN_SETTLED | {JobState.RUNNING})]
+                remaining = deadline - time.monotonic()
+                if not left or remaining <= 0:
+                    return left
+                with contextlib.suppress(TimeoutError):  # a write missed across a reconnect
+                    await asyncio.wait_for(changed.wait(), min(remaining, OP_RECHECK_S))
 
     async def ListPrices(self, request: pb.ListPricesRequest, context: Ctx) -> pb.ListPricesResponse:
         records = sorted(await self.bus.prices.values(), key=lambda p: (p.zone, p.instance_type, p.market))
