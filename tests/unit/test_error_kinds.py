@@ -1,8 +1,11 @@
 """Errors cross the bus as their kind: what ended an op in the scheduler is raised again, with the
 same class and exit code, in the API and the CLI."""
 
+import grpc
 import pytest
 
+from ferry.api.errors import status_of
+from ferry.cli.client import translate
 from ferry.common.bus import BusError
 from ferry.common.errors import (
     AlreadyExistsError,
@@ -42,3 +45,22 @@ def test_an_unknown_kind_is_a_ferry_error_with_the_code_that_came_with_it() -> N
     assert type(exc) is FerryError and exc.exit_code == 2
     assert from_kind("", "m").exit_code == 1
     assert from_kind("NotFoundError", "m", exit_code=1).exit_code == 2  # the kind decides
+
+
+class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@pytest.mark.parametrize("kind", ["UsageError", "NotFoundError", "AlreadyExistsError", "ConflictError", "FerryError"])
+def test_a_kind_keeps_its_exit_code_through_the_api_and_the_cli(kind: str) -> None:
+    """What ended an op in the scheduler, raised again in the API (its status), then in the CLI."""
+    sent = from_kind(kind, "why")
+    got = translate(FakeRpcError(status_of(sent), "why"))
+    assert got.exit_code == sent.exit_code and str(got) == "why"

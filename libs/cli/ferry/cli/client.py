@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ferry.common.errors import FerryError, NotFoundError, UsageError
+from ferry.common.errors import AlreadyExistsError, FerryError, NotFoundError, UsageError
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
@@ -60,6 +60,8 @@ def translate(exc: grpc.RpcError) -> FerryError:
         return NotFoundError(details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return UsageError(details)
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return AlreadyExistsError(details)
     if code == grpc.StatusCode.UNAVAILABLE:
         return ApiError(f"the Ferry API is unavailable: {details}")
     return ApiError(details)

@@ -1,10 +1,11 @@
 """Errors at the API's edge: every FerryError an RPC raises ends the call with its gRPC status.
 
-    UsageError       INVALID_ARGUMENT    (the CLI exits 2)
-    NotFoundError    NOT_FOUND           (the CLI exits 2)
-    ConflictError    FAILED_PRECONDITION
-    BusError         UNAVAILABLE         (NATS down or a server of its cluster lost: retry)
-    any other        UNKNOWN
+    UsageError          INVALID_ARGUMENT    (the CLI exits 2)
+    NotFoundError       NOT_FOUND           (the CLI exits 2)
+    AlreadyExistsError  ALREADY_EXISTS      (the CLI exits 2)
+    ConflictError       FAILED_PRECONDITION
+    BusError            UNAVAILABLE         (NATS down or a server of its cluster lost: retry)
+    any other           UNKNOWN
 """
 
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,11 +15,12 @@ import grpc
 import grpc.aio
 
 from ferry.common.bus import BusError
-from ferry.common.errors import ConflictError, FerryError, NotFoundError, UsageError
+from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, NotFoundError, UsageError
 
-_STATUS = {
+_STATUS = {  # the first class that matches decides: subclasses before their parents
     UsageError: grpc.StatusCode.INVALID_ARGUMENT,
     NotFoundError: grpc.StatusCode.NOT_FOUND,
+    AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     BusError: grpc.StatusCode.UNAVAILABLE,
 }
