@@ -366,7 +366,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             while True:
                 changed.clear()
                 left = [j for j in await self.bus.jobs.values()
-                        if (j.node == node and j.state != JobState.PREEMPTED)
+                        if (j.node == node and j.state not in DRAIN_SETTLED)
                         or (j.id in moving and j.state not in DRAIN_SETTLED | {JobState.RUNNING})]
                 remaining = deadline - time.monotonic()
                 if not left or remaining <= 0:
