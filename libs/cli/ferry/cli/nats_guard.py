@@ -25,6 +25,8 @@ import urllib.request
 from enum import Enum
 from pathlib import Path
 
+from ferry.node.space import free_bytes
+
 log = logging.getLogger(__name__)
 
 RESERVE_BYTES = 64 << 20
@@ -90,8 +92,7 @@ class DiskReserve:
         return self.path.exists()
 
     def free(self) -> int:
-        st = os.statvfs(self.path.parent)
-        return st.f_bavail * st.f_frsize
+        return free_bytes(self.path.parent)
 
     def take(self) -> bool:
         tmp = self.path.with_suffix(".tmp")
