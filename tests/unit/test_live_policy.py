@@ -4,7 +4,11 @@ what `ferry migrate --live -o json` reports."""
 import time
 
 from ferry.common.models import Job, Node, NodeState, Op, OpKind
-from ferry.scheduler.live import LiveMoves, live_result, precopy_done
+from ferry.common.moves import LiveFrozen, LiveLocal, LiveRestored
+from ferry.common.opargs import LiveMove, Round
+from ferry.policy.views import wants_live
+from ferry.scheduler.ops.live_move import precopy_done
+from ferry.scheduler.ops.live_report import live_result
 
 MIB = 2**20
 
@@ -29,30 +33,31 @@ def node(id: str, **kw: object) -> Node:
 
 
 def test_moves_go_live_only_when_the_sla_needs_it_and_both_nodes_can() -> None:
-    lm = LiveMoves()
-    assert not lm.wants_live(job(), node("a"), node("b"))  # no SLA: a cold move is fine
-    assert lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), node("a"), node("b"))
-    assert not lm.wants_live(job(max_downtime_s=10.0, move_cost_s=4.0), node("a"), node("b"))
-    assert not lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), node("a"), Node(id="b"))
-    assert not lm.wants_live(job(max_downtime_s=1.0, gpu_uuids=["GPU-1"]), node("a"), node("b"))
+    assert not wants_live(job(), node("a"), node("b"), time.time())  # no SLA: a cold move is fine
+    assert wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), node("a"), node("b"), time.time())
+    assert not wants_live(job(max_downtime_s=10.0, move_cost_s=4.0), node("a"), node("b"), time.time())
+    assert not wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), node("a"), Node(id="b"), time.time())
+    assert not wants_live(job(max_downtime_s=1.0, gpu_uuids=["GPU-1"]), node("a"), node("b"), time.time())
     soon = node("a", state=NodeState.PREEMPTING, notice_deadline=time.time() + 20)
     later = node("a", state=NodeState.PREEMPTING, notice_deadline=time.time() + 120)
-    assert not lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), soon, node("b"))  # too little time left
-    assert lm.wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), later, node("b"))
+    t = time.time()
+    assert not wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), soon, node("b"), t)  # too little time left
+    assert wants_live(job(max_downtime_s=1.0, move_cost_s=4.0), later, node("b"), t)
 
 
 def test_the_result_is_computed_from_what_the_nodes_measured() -> None:
-    op = Op(id="op-1", kind=OpKind.MIGRATE, args={
-        "source": "a", "target": "b", "mode": "postcopy",
-        "rounds": [{"bytes_uploaded": 100 * MIB, "freeze_ms": 300.0}],
-        "frozen": {"bytes_final": 2 * MIB, "freeze_ms": 40.0, "frozen_at": 1000.0, "last_write_at": 1000.01},
-        "restored": {"restore_ms": 90.0, "running_at": 1000.2},
-        "local": {"degraded_ms": 800.0, "bytes_lazy": 98 * MIB, "first_write_at": 1000.25}})
-    r = live_result(job(), op)
+    frozen = LiveFrozen(address="10.0.0.1", port=1, store_job="j-1.live", images="lv-1", stdout_path="o",
+                        stderr_path="e", bytes_final=2 * MIB, freeze_ms=40.0, frozen_at=1000.0, last_write_at=1000.01)
+    op = Op(id="op-1", kind=OpKind.MIGRATE, args=LiveMove(
+        source="a", target="b", mode="postcopy",
+        rounds=[Round(checkpoint="ck-1-r1", bytes_uploaded=100 * MIB, freeze_ms=300.0)],
+        frozen=frozen, restored=LiveRestored(restore_ms=90.0, running_at=1000.2),
+        local=LiveLocal(degraded_ms=800.0, bytes_lazy=98 * MIB, first_write_at=1000.25)))
+    r = live_result(job(), op, time.time())
     assert (r["job"], r["from"], r["to"], r["mode"], r["rounds"]) == ("web", "a", "b", "postcopy", 1)
     assert r["bytes_precopy"] == 100 * MIB and r["bytes_final"] == 2 * MIB and r["round_freeze_ms"] == [300.0]
     assert abs(r["downtime_ms"] - 240.0) < 1e-6  # the source's last write to the target's first
     assert abs(r["switch_ms"] - 200.0) < 1e-6
     assert r["freeze_ms"] == 40.0 and r["restore_ms"] == 90.0 and r["degraded_ms"] == 800.0
-    unseen = Op(id="op-2", kind=OpKind.MIGRATE, args={"rounds": [], "frozen": {}, "local": {}})
-    assert live_result(job(), unseen)["downtime_ms"] is None  # never made up
+    unseen = Op(id="op-2", kind=OpKind.MIGRATE, args=LiveMove(local=LiveLocal()))
+    assert live_result(job(), unseen, time.time())["downtime_ms"] is None  # never made up

@@ -5,7 +5,10 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from ferry.common.opargs import OpArgs, Plain
+from ferry.common.record import Record
 
 
 def now() -> float:
@@ -31,11 +34,6 @@ class JobState(StrEnum):
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
 BUSY_STATES = frozenset({JobState.CHECKPOINTING, JobState.RESTORING, JobState.MIGRATING})
-
-
-class Record(BaseModel):
-    # JSON has no NaN or infinity (pydantic would write them as null, which then does not read back)
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class Job(Record):
@@ -173,8 +171,8 @@ class Op(Record):
     checkpoint: str | None = None
     restore_ms: float | None = None
     total_ms: float | None = None
-    args: dict[str, Any] = Field(default_factory=dict)
-    result: dict[str, Any] = Field(default_factory=dict)  # what a live move measured
+    args: OpArgs = Field(default_factory=Plain)  # what the op carries while it runs, by its type
+    result: dict[str, Any] = Field(default_factory=dict)  # what a live move measured; a fallback's why
 
     @property
     def finished(self) -> bool:

@@ -11,12 +11,14 @@ Subjects (all under `ferry.`):
 
 import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from ferry.common.errors import FerryError
-from ferry.common.models import CheckpointRecord, Job, OpKind, Record, new_id, now
+from ferry.common.models import CheckpointRecord, Job, OpKind, new_id, now
+from ferry.common.moves import LiveReport, NodeOptions, PageSource
+from ferry.common.record import Record
 
 CMD_STREAM = "FERRY_CMD"
 EVT_STREAM = "FERRY_EVT"
@@ -125,7 +127,8 @@ class NodeCommand(Record):
     parent: str | None = None
     stop: bool = False
     grace_s: float = 5.0
-    data: dict[str, Any] = Field(default_factory=dict)  # live moves: the page server, images, incarnations
+    options: NodeOptions = Field(default_factory=NodeOptions)  # CRIU options, an armed fault
+    pages: PageSource | None = None  # live_restore: where the frozen source serves the memory
 
 
 NodeEventKind = Literal[
@@ -165,7 +168,7 @@ class NodeEvent(Record):
     restore_ms: float | None = None
     deadline: float | None = None  # notice: when the node goes away
     deleted_checkpoints: list[str] = Field(default_factory=list)  # removed by the retention policy
-    data: dict[str, Any] = Field(default_factory=dict)  # live moves: measurements and where to connect
+    live: LiveReport | None = None  # live moves: where to connect and what was measured
 
 
 class Progress(Record):

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from ferry.common.models import Record, now
+from ferry.common.models import now
+from ferry.common.record import Record
 
 __all__ = [
     "ConditionKind",

@@ -61,6 +61,8 @@ class NodeView:
     uptime_s: float = 0.0  # observed time the node (or its spot market) was up
     usable: bool = True
     reason: str = ""  # why it is not usable
+    lazy_pages: bool = False  # can be either end of a post-copy (live) move
+    notice_deadline: float | None = None  # under an interruption notice: when it goes away
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,7 @@ class JobView:
     node: str | None = None
     move_cost_s: float = 30.0  # measured last checkpoint + restore time
     checkpoint_every_s: float = 600.0
+    holds_gpus: bool = False  # GPUs are assigned to it (CUDA state cannot be served lazily)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,19 @@ def place(pending: Sequence[JobView], nodes: Sequence[NodeView], now: float,
 
 
 # ---------------------------------------------------------------- rebalancing
+
+
+def wants_live(job: JobView, source: NodeView, target: NodeView, now: float) -> bool:
+    """For moves the scheduler starts itself: live when the job's SLA bounds its downtime below
+    what a cold move costs, and, under a spot notice, when the time left covers a live move (its
+    memory must leave the source before the source dies) three times over."""
+    if job.max_downtime_s is None or job.max_downtime_s >= job.move_cost_s or job.holds_gpus:
+        return False
+    if not (source.lazy_pages and target.lazy_pages):
+        return False
+    if source.notice_deadline is not None:
+        return source.notice_deadline - now > 3 * max(job.move_cost_s, 10.0)
+    return True
 
 
 def move_cost(job: JobView, current: NodeView, best: NodeView) -> float:

@@ -2,9 +2,10 @@
 
 from collections.abc import Iterable, Sequence
 
-from ferry.common.models import TERMINAL_STATES, Job, JobState, Node, PriceRecord
+from ferry.common.models import TERMINAL_STATES, Job, JobState, Node, NodeState, PriceRecord
 from ferry.gpu.models import GpuInfo
 from ferry.gpu.placement import GpuRequest, assign
+from ferry.policy import decisions
 from ferry.policy.decisions import JobView, NodeView
 from ferry.policy.placement import usable
 
@@ -42,8 +43,15 @@ def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat
             id=n.id, spot=n.spot, price_per_hour=effective_price(n, prices), zone=n.labels.get("zone", ""),
             cpus=float(n.cpus), memory_bytes=n.memory_bytes, gpus=healthy_gpus, free_cpus=n.cpus - c,
             free_memory_bytes=n.memory_bytes - m, free_gpus=healthy_gpus - g, preemptions=n.preemptions,
-            uptime_s=max(1.0, now - n.started), usable=why is None, reason=why or ""))
+            uptime_s=max(1.0, now - n.started), usable=why is None, reason=why or "", lazy_pages=n.lazy_pages,
+            notice_deadline=n.notice_deadline if n.state == NodeState.PREEMPTING else None))
     return views
+
+
+def wants_live(job: Job, source: Node, target: Node, now: float) -> bool:
+    """``decisions.wants_live`` for the scheduler's records."""
+    views = {v.id: v for v in node_views([source, target], [], now, float("inf"))}
+    return decisions.wants_live(job_view(job, now), views[source.id], views[target.id], now)
 
 
 def job_view(job: Job, now: float) -> JobView:
@@ -51,6 +59,7 @@ def job_view(job: Job, now: float) -> JobView:
         id=job.id, priority=job.priority, cpus=job.cpus, memory_bytes=job.memory_bytes, gpus=job.gpus,
         deadline_at=job.deadline, max_downtime_s=job.max_downtime_s, node=job.node,
         move_cost_s=job.move_cost_s, checkpoint_every_s=job.checkpoint_every_s or 600.0,
+        holds_gpus=bool(job.gpu_uuids),
     )
 
 

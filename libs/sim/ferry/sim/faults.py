@@ -5,9 +5,12 @@ next live move and tells the node service that must fail in that phase."""
 
 import json
 from pathlib import Path
+from typing import get_args
+
+from ferry.common.moves import FaultPhase
 
 LIVE_FAULT_FILE = "live-fault.json"
-LIVE_PHASES = ("round", "freeze", "restore", "postcopy", "source")
+LIVE_PHASES: tuple[FaultPhase, ...] = get_args(FaultPhase)
 
 
 def arm_live_fault(data_dir: Path, phase: str) -> None:
@@ -18,7 +21,7 @@ def arm_live_fault(data_dir: Path, phase: str) -> None:
     tmp.replace(chaos / LIVE_FAULT_FILE)
 
 
-def take_live_fault(data_dir: Path) -> str | None:
+def take_live_fault(data_dir: Path) -> FaultPhase | None:
     """The phase in which the next live move must fail, if one was armed; disarms it."""
     path = data_dir / "chaos" / LIVE_FAULT_FILE
     try:
@@ -26,4 +29,4 @@ def take_live_fault(data_dir: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     path.unlink(missing_ok=True)
-    return str(phase) if phase in LIVE_PHASES else None
+    return next((p for p in LIVE_PHASES if p == phase), None)

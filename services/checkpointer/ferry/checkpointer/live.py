@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from ferry.common import wire
 from ferry.common.models import Job
+from ferry.common.moves import LiveFrozen
 from ferry.criu.errors import CriuError
 from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
@@ -94,10 +95,10 @@ class LiveSource(NodeService):
         images = self.scratch_dir / f"live-{job.id}-{cmd.checkpoint}"
         shutil.rmtree(images, ignore_errors=True)
         source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
-                            extra_args=criu_dump_args(cmd.data.get("criu_args", [])))
+                            extra_args=criu_dump_args(cmd.options.criu_args))
         self.live[job.id] = source
         try:
-            if cmd.data.get("fail") == "freeze":  # fault injection (tests): as if CRIU's dump failed
+            if cmd.options.fails_at("freeze"):  # fault injection (tests): as if CRIU's dump failed
                 raise LiveMoveFailed("injected failure during the final dump", source_running=True)
             frozen = await source.freeze()
         except LiveMoveFailed as exc:
@@ -120,14 +121,14 @@ class LiveSource(NodeService):
             return
         finally:
             shutil.rmtree(images, ignore_errors=True)
-        data = frozen.model_dump() | {"bytes_final": uploaded, "upload_ms": (time.monotonic() - t0) * 1000,
-                                      "store_job": live_store_job(job.id), "images": cmd.checkpoint,
-                                      "source_pid": shim.pid,
-                                      "stdout_path": frozen.file_keys.get(str(jd.stdout), str(jd.stdout)),
-                                      "stderr_path": frozen.file_keys.get(str(jd.stderr), str(jd.stderr))}
+        report = LiveFrozen(
+            **frozen.model_dump(exclude={"file_keys"}), bytes_final=uploaded,
+            upload_ms=(time.monotonic() - t0) * 1000, store_job=live_store_job(job.id), images=cmd.checkpoint,
+            source_pid=shim.pid, stdout_path=frozen.file_keys.get(str(jd.stdout), str(jd.stdout)),
+            stderr_path=frozen.file_keys.get(str(jd.stderr), str(jd.stderr)))
         await self.report(wire.NodeEvent(kind="live_frozen", node=self.node_id, job=job.id,
-                                         incarnation=cmd.incarnation, op=cmd.op, data=data))
-        if cmd.data.get("fail") == "source":  # fault injection (tests): the source dies midway
+                                         incarnation=cmd.incarnation, op=cmd.op, live=report))
+        if cmd.options.fails_at("source"):  # fault injection (tests): the source dies midway
             await asyncio.sleep(0.2)
             await source.dump.kill()
             signal_tree(shim.pid, signal.SIGKILL)

@@ -427,7 +427,7 @@ class Checkpointer(LiveSource, NodeService):
                                record: CheckpointRecord, stop_marker: Path) -> None:
         job = cmd.job
         assert cmd.checkpoint
-        if cmd.data.get("fail") == "round":  # fault injection (tests): a pre-copy round's dump fails
+        if cmd.options.fails_at("round"):  # fault injection (tests): a pre-copy round's dump fails
             raise DumpFailed(f"injected failure during the pre-copy round {cmd.checkpoint}")
         if cmd.stop:  # durably, before anything freezes the job (recover_interrupted_stops reads it)
             stop_marker.write_text(cmd.checkpoint)

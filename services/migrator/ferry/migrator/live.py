@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ferry.common import wire
+from ferry.common.moves import LiveLocal, LiveRestored
 from ferry.criu.errors import CriuError
 from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import PAGE_SIZE, LiveMoveFailed
@@ -78,11 +79,11 @@ class LiveTarget(NodeService):
                                              error=f"the memory stopped coming from the source: {exc}"))
             return
         local_at = orphan.local_at or time.time()
-        data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
-                "degraded_ms": (local_at - r.running_at) * 1000 if r.running_at else None,
-                "local_at": local_at, "first_write_at": None, "adopted": True}
+        local = LiveLocal(pages_lazy=pages, bytes_lazy=pages * PAGE_SIZE if pages is not None else None,
+                          degraded_ms=(local_at - r.running_at) * 1000 if r.running_at else None,
+                          local_at=local_at, first_write_at=None, adopted=True)
         await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=job_id,
-                                         incarnation=r.incarnation, op=r.op, data=data))
+                                         incarnation=r.incarnation, op=r.op, live=local))
 
     def live_images(self, cmd: wire.NodeCommand) -> Path:
         """Where a live move's images (all but memory) are staged here, for prepare and restore alike."""
@@ -100,7 +101,7 @@ class LiveTarget(NodeService):
             meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)).meta
             target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                 inherit={"stdout": str(meta["stdout_path"]), "stderr": str(meta["stderr_path"])},
-                                extra_args=tuple(cmd.data.get("criu_args", [])), op=cmd.op)
+                                extra_args=tuple(cmd.options.criu_args), op=cmd.op)
             await target.arm()
         except (StoreError, CriuError, OSError, KeyError, TimeoutError) as exc:
             log.warning("could not prepare the live restore of %s (it will be slower): %s", job.name, exc)
@@ -129,7 +130,7 @@ class LiveTarget(NodeService):
         if orphan is not None and job.id not in self.adopted:  # a start its predecessor did not finish
             await orphan.kill()
             orphan.forget()
-        d = cmd.data
+        pages = cmd.pages
         images = self.live_images(cmd)
         jd.path.mkdir(parents=True, exist_ok=True)
         jd.clear_run_state()
@@ -142,20 +143,22 @@ class LiveTarget(NodeService):
         if prepared is None:
             shutil.rmtree(images, ignore_errors=True)
         try:
-            manifest = await asyncio.to_thread(self.store.read_manifest, d["store_job"], d["images"])
+            if pages is None:
+                raise ValueError("the command names no page source")
+            manifest = await asyncio.to_thread(self.store.read_manifest, pages.store_job, pages.images)
             images.mkdir(parents=True, exist_ok=True)
             target = prepared or LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
-                                            inherit={"stdout": d["stdout_path"], "stderr": d["stderr_path"]},
-                                            extra_args=tuple(d.get("criu_args", [])), op=cmd.op)
+                                            inherit={"stdout": pages.stdout_path, "stderr": pages.stderr_path},
+                                            extra_args=tuple(cmd.options.criu_args), op=cmd.op)
             fetch = asyncio.to_thread(self.store.restore_files, manifest, images)
             # Python's start-up for the restore while the images come, unless prepared already
             await (fetch if prepared is not None else asyncio.gather(target.arm(), fetch))
             for name in ("stdout", "stderr"):
                 shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
             fetch_ms = (time.monotonic() - t0) * 1000
-            if d.get("fail") == "restore":  # fault injection (tests): as if the restore failed
+            if cmd.options.fails_at("restore"):  # fault injection (tests): as if the restore failed
                 raise LiveMoveFailed("injected failure during the restore", source_running=True)
-            info = await target.start(str(d["address"]), int(d["port"]))
+            info = await target.start(pages.address, pages.port)
         except (StoreError, CriuError, OSError, ValueError, KeyError, TimeoutError) as exc:
             if target is not None:
                 await target.kill()
@@ -168,10 +171,10 @@ class LiveTarget(NodeService):
         restore_ms = (time.monotonic() - t0) * 1000
         await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id, incarnation=cmd.incarnation,
                                          op=cmd.op, pid=info.pid, restore_ms=restore_ms,
-                                         data={"fetch_ms": fetch_ms, "restore_ms": target.restore_ms,
-                                               "lazy_start_ms": target.lazy_start_ms,
-                                               "running_at": target.running_at}))
-        if d.get("fail") == "postcopy":  # fault injection (tests): the memory stops coming midway
+                                         live=LiveRestored(fetch_ms=fetch_ms, restore_ms=target.restore_ms,
+                                                           lazy_start_ms=target.lazy_start_ms,
+                                                           running_at=target.running_at)))
+        if cmd.options.fails_at("postcopy"):  # fault injection (tests): the memory stops coming midway
             await target.lazy.kill()
         self.spawn(self._until_local(cmd, target, images))
 
@@ -200,8 +203,8 @@ class LiveTarget(NodeService):
             await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
         target.close()
         assert target.running_at is not None and target.local_at is not None
-        data = {"pages_lazy": pages, "bytes_lazy": pages * PAGE_SIZE if pages is not None else None,
-                "degraded_ms": (target.local_at - target.running_at) * 1000, "local_at": target.local_at,
-                "first_write_at": target.first_write_at}
+        local = LiveLocal(pages_lazy=pages, bytes_lazy=pages * PAGE_SIZE if pages is not None else None,
+                          degraded_ms=(target.local_at - target.running_at) * 1000, local_at=target.local_at,
+                          first_write_at=target.first_write_at)
         await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
-                                         incarnation=cmd.incarnation, op=cmd.op, data=data))
+                                         incarnation=cmd.incarnation, op=cmd.op, live=local))

@@ -5,38 +5,42 @@ start it. State-driven, so a restarted scheduler simply carries on."""
 
 import asyncio
 import time
+from typing import Protocol
 
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.config import Settings
 from ferry.common.errors import ConflictError, NotFoundError, UsageError
 from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Node, NodeState, Op, OpKind, OpState, new_id, now
+from ferry.common.opargs import CheckpointArgs, ColdMove, RestoreArgs
 from ferry.policy import decisions as policy
 from ferry.policy.views import gpu_trouble, job_view, node_views
 from ferry.scheduler.state import ClusterState
 
 
-class ControlLoop:
-    """Mixed into the Scheduler, which provides the attributes and actions declared here."""
-
-    state: ClusterState
-    settings: Settings
-    last_review: dict[str, float]
+class Actions(Protocol):
+    """What the control loop asks the scheduler to do (the scheduler service provides them)."""
 
     async def pick_node(self, job: Job, wanted: str | None, exclude: str | None = None) -> tuple[str | None, str]:
-        raise NotImplementedError
+        ...
 
     async def place(self, job: Job) -> bool:
-        raise NotImplementedError
+        ...
 
     async def checkpoint(self, job: Job, op: Op, *, stop: bool, resumed: bool = False) -> None:
-        raise NotImplementedError
+        ...
 
-    async def _send_restore(self, job: Job, op: Op) -> None:
-        raise NotImplementedError
+    async def send_restore(self, job: Job, op: Op) -> None:
+        ...
 
     async def begin_move(self, job: Job, op: Op, source: Node, target: str) -> None:
-        raise NotImplementedError
+        ...
+
+
+class ControlLoop:
+    def __init__(self, state: ClusterState, settings: Settings, actions: Actions) -> None:
+        self.state, self.settings, self.actions = state, settings, actions
+        self.last_review: dict[str, float] = {}
 
     async def tick(self) -> None:
         """Everything driven by state and time rather than by one message, so that a restarted
@@ -53,7 +57,7 @@ class ControlLoop:
             elif job.op is not None:
                 continue
             elif job.state == JobState.PENDING and job.node is None:
-                await self.place(job)
+                await self.actions.place(job)
             elif job.state == JobState.PREEMPTED and job.parked_by == "capacity":
                 await self.resume_parked(job)
             elif job.state != JobState.RUNNING or node is None:
@@ -67,9 +71,9 @@ class ControlLoop:
                 else:  # it does not: from the last checkpoint, as if the node were lost
                     await self.failover(job, node, why=f"GPU fault on {node.id}: {trouble[1]}")
             elif job.next_checkpoint_at and t >= job.next_checkpoint_at:
-                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args={"periodic": True})
+                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args=CheckpointArgs(periodic=True))
                 await self.state.save_op(op)
-                await self.checkpoint(job, op, stop=False)
+                await self.actions.checkpoint(job, op, stop=False)
             elif t - self.last_review.get(job.id, 0.0) > self.settings.rebalance_every_s:
                 self.last_review[job.id] = t
                 await self.rebalance(job, node)
@@ -86,42 +90,42 @@ class ControlLoop:
             job.state, job.node, job.restarts = JobState.PENDING, None, job.restarts + 1
             job.reason = f"{lost}; no checkpoint: starting again from scratch"
             await self.state.save_job(job, "failover", job.reason)
-            await self.place(job)
+            await self.actions.place(job)
             return
-        target, why = await self.pick_node(job, None, exclude=node.id)
+        target, why = await self.actions.pick_node(job, None, exclude=node.id)
         if target is None:
             job.state, job.parked_by = JobState.PREEMPTED, "capacity"
             job.reason = f"{lost}; waiting for capacity to restore {job.last_checkpoint}: {why}"
             await self.state.save_job(job, "failover", job.reason)
             return
         op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
-                checkpoint=job.last_checkpoint, args={"failover": node.id, "target": target})
+                checkpoint=job.last_checkpoint, args=RestoreArgs(failover=node.id, target=target))
         await self.state.save_op(op)
         job.state, job.op, job.node = JobState.RESTORING, op.id, target
         await self.state.save_job(job, "failover", f"{lost}; restoring {job.last_checkpoint} on {target}")
-        await self._send_restore(job, op)
+        await self.actions.send_restore(job, op)
 
     async def evacuate(self, job: Job, node: Node) -> None:
         """Moves `job` off a draining or preempted node (final checkpoint, restore elsewhere). When
         nothing can take it, lower-priority jobs elsewhere are parked to make room (preempt-and-save);
         when that does not help either, `job` itself is parked with its final checkpoint."""
-        target, why = await self.pick_node(job, None, exclude=node.id)
+        target, why = await self.actions.pick_node(job, None, exclude=node.id)
         if target is None and await self.make_room(job, exclude=node.id):
             return  # the victims are being parked; the next tick moves `job`
         if target is None:
             op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id,
-                    args={"parked_by": "capacity", "reason": f"parked: {node.id} is {node.state} and {why}"})
+                    args=CheckpointArgs(parked_by="capacity", reason=f"parked: {node.id} is {node.state} and {why}"))
         else:
             op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
-                    args={"target": target, "source": node.id, "evacuate": node.state.value})
+                    args=ColdMove(target=target, source=node.id, evacuate=node.state.value))
         await self.state.save_op(op)
         await self.state.emit(Event(kind="evacuating", job=job.id, node=node.id,
                                     message=f"{node.id} is {node.state}: " + (f"moving to {target}" if target
                                                                               else "parking (no capacity)")))
         if target is None:
-            await self.checkpoint(job, op, stop=True, resumed=True)
+            await self.actions.checkpoint(job, op, stop=True, resumed=True)
         else:
-            await self.begin_move(job, op, node, target)
+            await self.actions.begin_move(job, op, node, target)
 
     async def make_room(self, job: Job, exclude: str) -> bool:
         """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
@@ -148,17 +152,17 @@ class ControlLoop:
                 if victim.op is not None:
                     continue
                 op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
-                        args={"parked_by": "capacity",
-                              "reason": f"parked to make room for {job.name} (priority {job.priority})"})
+                        args=CheckpointArgs(parked_by="capacity",
+                                            reason=f"parked to make room for {job.name} (priority {job.priority})"))
                 await self.state.save_op(op)
                 await self.state.emit(Event(kind="preempting", job=victim.id, node=view.id,
                                             message=f"parking it for {job.name} (priority {job.priority})"))
-                await self.checkpoint(victim, op, stop=True)
+                await self.actions.checkpoint(victim, op, stop=True)
             return True
         return False
 
     async def resume_parked(self, job: Job) -> None:
-        target, why = await self.pick_node(job, None)
+        target, why = await self.actions.pick_node(job, None)
         if target is None:
             first = (job.reason or "parked").split("; waiting for capacity:")[0]
             reason = f"{first}; waiting for capacity: {why}"
@@ -167,12 +171,12 @@ class ControlLoop:
                 await self.state.save_job(job)
             return
         op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
-                checkpoint=job.last_checkpoint, args={"resume": True, "target": target})
+                checkpoint=job.last_checkpoint, args=RestoreArgs(resume=True, target=target))
         await self.state.save_op(op)
         job.state, job.op, job.node = JobState.RESTORING, op.id, target
         job.incarnation += 1
         await self.state.save_job(job, "resuming", f"capacity is back: restoring {job.last_checkpoint} on {target}")
-        await self._send_restore(job, op)
+        await self.actions.send_restore(job, op)
 
     async def rebalance(self, job: Job, node: Node) -> None:
         """Moves `job` when a better node saves more over its remaining time than a move costs."""
@@ -191,11 +195,11 @@ class ControlLoop:
         if not decision.move:
             return
         op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
-                args={"target": best.id, "source": node.id, "rebalance": decision.reason})
+                args=ColdMove(target=best.id, source=node.id, rebalance=decision.reason))
         await self.state.save_op(op)
         await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
                                     message=f"to {best.id}: {decision.reason}"))
-        await self.begin_move(job, op, node, best.id)
+        await self.actions.begin_move(job, op, node, best.id)
 
     async def set_node_state(self, node_id: str, state: NodeState, **fields: object) -> Node:
         """Compare-and-set of a node's state (its own heartbeat writes the record too)."""

@@ -1,5 +1,7 @@
-"""The scheduler: owns every decision that starts, stops or moves a job. This module handles
-commands and node reports; ferry.scheduler.control holds what is driven by state and time.
+"""The scheduler: owns every decision that starts, stops or moves a job. This module is the
+shell: it loads the records, calls the operations' pure transitions (``ferry.scheduler.ops``) and
+carries out what they return (``ferry.scheduler.effects``); ``ferry.scheduler.control`` holds
+what is driven by state and time.
 
 It consumes user commands (`ferry.cmd.scheduler`) and node reports (`ferry.evt.node.>`) from
 durable JetStream consumers, one at a time under one lock, and writes jobs and ops to KV. Every
@@ -10,42 +12,31 @@ message id, so a redelivered message after a crash repeats nothing.
 import asyncio
 import contextlib
 import logging
-import time
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
 from ferry.common import wire
 from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError, kind_of
-from ferry.common.models import (
-    BUSY_STATES,
-    Event,
-    Job,
-    JobState,
-    Op,
-    OpKind,
-    OpState,
-    now,
-)
+from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, Op, OpKind, OpState, now
+from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, Plain, RestoreArgs
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.policy import decisions as policy
-from ferry.policy.fallback import older_checkpoint
-from ferry.policy.views import gpu_assignments, job_view, node_views
+from ferry.policy.views import gpu_assignments, job_view, node_views, wants_live
 from ferry.scheduler.control import ControlLoop
-from ferry.scheduler.live import RESENDABLE, LiveMoves, live_phase, live_result
+from ferry.scheduler.effects import Effects
+from ferry.scheduler.ops import checkpoint, live_move, restore
+from ferry.scheduler.ops.live_move import RESENDABLE, live_phase
+from ferry.scheduler.ops.step import Placement, derived_id, next_checkpoint_at
 from ferry.scheduler.state import ClusterState
+from ferry.sim.faults import take_live_fault
 
 log = logging.getLogger(__name__)
 _tracer = tracer("scheduler")
 
 
-def derived_id(prefix: str, op_id: str) -> str:
-    """An id that is the same every time the same op is handled (op-abc123 -> ck-abc123)."""
-    return f"{prefix}-{op_id.split('-', 1)[-1]}"
-
-
-class Scheduler(LiveMoves, ControlLoop, Service):
+class Scheduler(Service):
     """Places jobs, checkpoints them on schedule, restores and moves them."""
 
     name = "scheduler"
@@ -53,8 +44,9 @@ class Scheduler(LiveMoves, ControlLoop, Service):
     async def start(self) -> None:
         bus = await self.connect()
         self.state = ClusterState(bus)
+        self.effects = Effects(self.state)
+        self.control = ControlLoop(self.state, self.settings, self)
         self.lock = asyncio.Lock()
-        self.last_review: dict[str, float] = {}
         async with self.lock:
             await self.resume_in_flight()
 
@@ -67,13 +59,11 @@ class Scheduler(LiveMoves, ControlLoop, Service):
                 continue
             log.info("resuming %s of %s (phase %s)", op.kind, job.name, op.phase or "-")
             if live_phase(op) in RESENDABLE:
-                await self.resume_live(job, op)
+                await self.effects.apply(live_move.resend(job, op))
             elif op.phase == "restore":
-                await self._send_restore(job, op)
+                await self.effects.apply(restore.resend(job, op))
             elif op.phase == "checkpoint":
-                await self.send_node(job, "checkpointer", wire.NodeCommand(
-                    kind="checkpoint", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.checkpoint,
-                    parent=job.last_checkpoint, stop=bool(op.args.get("stop"))))
+                await self.effects.apply(checkpoint.resend(job, op))
             elif op.kind == OpKind.SUBMIT and job.state == JobState.PENDING:
                 await self.send_node(job, "checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job,
                                                                              incarnation=job.incarnation))
@@ -124,19 +114,23 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             await self.submit(cmd, op)
             return
         if cmd.kind == OpKind.DRAIN:
-            await self.drain_node(cmd, op)
+            await self.control.drain_node(cmd, op)
             return
         job = await self.state.job(cmd.job)
         resumed = job.op == op.id  # a redelivery of an op this scheduler already started
         if cmd.kind == OpKind.KILL:
             await self.kill(job, op, cmd.grace_s)
         elif cmd.kind == OpKind.CHECKPOINT:
+            if isinstance(op.args, Plain):
+                op.args = CheckpointArgs()
             await self.checkpoint(job, op, stop=cmd.stop, resumed=resumed)
         elif cmd.kind == OpKind.RESTORE:
+            if isinstance(op.args, Plain):
+                op.args = RestoreArgs()
             await self.restore(job, op, node_id=cmd.node, checkpoint_id=cmd.checkpoint, resumed=resumed)
         elif cmd.kind == OpKind.MIGRATE:
-            if cmd.tcp_established:
-                op.args["criu_args"] = ["--tcp-established"]
+            if isinstance(op.args, Plain):
+                op.args = ColdMove(criu_args=["--tcp-established"] if cmd.tcp_established else [])
             await self.migrate(job, op, to=cmd.node, live=cmd.live, resumed=resumed)
 
     async def submit(self, cmd: wire.SchedulerCommand, op: Op) -> None:
@@ -239,27 +233,15 @@ class Scheduler(LiveMoves, ControlLoop, Service):
 
     async def checkpoint(self, job: Job, op: Op, *, stop: bool, resumed: bool = False) -> None:
         if not resumed:
-            self._require_idle(job, "checkpoint")
-            if job.state != JobState.RUNNING:
-                raise ConflictError(f"job {job.name} is {job.state}: only a running job can be checkpointed")
-        ckpt = op.checkpoint or derived_id("ck", op.id)
-        job.state = JobState.MIGRATING if op.kind == OpKind.MIGRATE else JobState.CHECKPOINTING
-        job.op = op.id
-        job.moving_to = str(op.args["target"]) if op.kind == OpKind.MIGRATE and op.args.get("target") else None
-        await self.state.save_job(job)
-        op.state, op.phase, op.checkpoint, op.job = OpState.RUNNING, "checkpoint", ckpt, job.id
-        op.args["stop"] = stop
-        await self.state.save_op(op)
-        await self.send_node(job, "checkpointer", wire.NodeCommand(
-            kind="checkpoint", op=op.id, job=job, incarnation=job.incarnation, checkpoint=ckpt,
-            parent=job.last_checkpoint, stop=stop))
+            checkpoint.check(job)
+        await self.effects.apply(checkpoint.begin(job, op, stop=stop))
 
     async def restore(self, job: Job, op: Op, *, node_id: str | None, checkpoint_id: str | None,
                       resumed: bool = False) -> None:
         if resumed:
-            await self._send_restore(job, op)
+            await self.send_restore(job, op)
             return
-        self._require_idle(job, "restore")
+        checkpoint.require_idle(job, "restore")
         if job.state == JobState.RUNNING:
             raise ConflictError(f"job {job.name} is running on {job.node}: use `ferry migrate {job.name} "
                                 f"--to NODE`, or `ferry checkpoint {job.name} --stop` first")
@@ -270,33 +252,24 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             raise ConflictError(f"job {job.name} has no committed checkpoint to restore")
         await self.state.checkpoint(job, ckpt_id)
         target = await self._target(job, node_id)
-        job.state, job.op, job.node = JobState.RESTORING, op.id, target
-        job.incarnation += 1
-        job.kill_requested = False
-        job.exit_code = None
-        await self.state.save_job(job, "restoring", f"from {ckpt_id} on {target}")
-        op.state, op.phase, op.checkpoint, op.job = OpState.RUNNING, "restore", ckpt_id, job.id
-        op.args["target"] = target
-        op.args["pinned"] = checkpoint_id is not None  # the user's pick: no other checkpoint instead
-        await self.state.save_op(op)
-        await self._send_restore(job, op)
+        await self.effects.apply(restore.begin(job, op, target=target, checkpoint=ckpt_id,
+                                               pinned=checkpoint_id is not None))
 
-    async def _send_restore(self, job: Job, op: Op) -> None:
-        await self.send_node(job, "migrator", wire.NodeCommand(
-            kind="restore", op=op.id, job=job, incarnation=job.incarnation, checkpoint=op.checkpoint))
+    async def send_restore(self, job: Job, op: Op) -> None:
+        await self.effects.apply(restore.resend(job, op))
 
     async def migrate(self, job: Job, op: Op, *, to: str | None, live: bool, resumed: bool) -> None:
         if resumed:
             if live_phase(op) in RESENDABLE:
-                await self.resume_live(job, op)
+                await self.effects.apply(live_move.resend(job, op))
             elif op.phase == "restore":
-                await self._send_restore(job, op)
+                await self.send_restore(job, op)
             elif live_phase(op) == "postcopy":
                 return  # the target reports when its memory is all there
             else:
                 await self.checkpoint(job, op, stop=True, resumed=True)
             return
-        self._require_idle(job, "migrate")
+        checkpoint.require_idle(job, "migrate")
         if job.state != JobState.RUNNING:
             raise ConflictError(f"job {job.name} is {job.state}: only a running job can be migrated "
                                 f"(use `ferry restore` for a stopped one)")
@@ -306,11 +279,42 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         if target == job.node:
             raise ConflictError(f"job {job.name} runs on {target} already")
         if live:
-            self.refuse_live(job)
+            live_move.refuse_live(job)
             await self.start_live(job, op, target)
             return
-        op.args.update({"target": target, "source": job.node})
+        assert isinstance(op.args, ColdMove)
+        op.args.target, op.args.source = target, job.node
         await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def begin_move(self, job: Job, op: Op, source: Node, target: str) -> None:
+        """A move the scheduler decided (drain, notice, rebalance): live when the policy wants it
+        (``decisions.wants_live``), else cold."""
+        dest = await self.state.bus.nodes.get(target)
+        if dest is not None and wants_live(job, source, dest, now()):
+            await self.start_live(job, op, target)
+        else:
+            await self.checkpoint(job, op, stop=True, resumed=True)
+
+    async def start_live(self, job: Job, op: Op, target: str) -> None:
+        """Starts a live move of running `job` to `target` (already checked to fit)."""
+        assert job.node
+        source, dest = await self.state.node(job.node), await self.state.node(target)
+        why = live_move.why_not_postcopy(source, dest)
+        if why is not None:
+            log.info("live move of %s without post-copy (%s): pre-copy rounds, then the delta", job.name, why)
+        fresh = await self._fresh_checkpoint(job) if why is None else None
+        await self.effects.apply(live_move.start(job, op, source=source, target=dest, fresh=fresh,
+                                                 fault=take_live_fault(self.settings.data_dir), now=now()))
+
+    async def _fresh_checkpoint(self, job: Job) -> CheckpointRecord | None:
+        """The job's last checkpoint when it is younger than the job's own checkpoint interval: as
+        good a fallback as the job has anyway, so a post-copy move needs no pre-copy round."""
+        if not job.last_checkpoint or job.checkpoint_every_s <= 0:
+            return None
+        record = await self.state.bus.checkpoints.get(wire.ckpt_key(job.id, job.last_checkpoint))
+        if record is None or record.state != "committed" or now() - record.created > job.checkpoint_every_s:
+            return None
+        return record
 
     async def _target(self, job: Job, node_id: str | None, exclude: str | None = None) -> str:
         if node_id:
@@ -320,16 +324,15 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             raise ConflictError(f"cannot place job {job.name}: {why}")
         return target
 
-    @staticmethod
-    def _require_idle(job: Job, what: str) -> None:
-        if job.state in BUSY_STATES or job.op:
-            raise ConflictError(f"job {job.name} is busy ({job.state}, op {job.op}); try the {what} "
-                                f"again when it is done")
-
     async def send_node(self, job: Job, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
-        assert job.node
-        cmd.id = f"{cmd.kind}-{job.id}-{job.incarnation}-{cmd.op or 'auto'}-{cmd.checkpoint or ''}"
-        await self.state.bus.publish(wire.node_cmd_subject(job.node, service), cmd, msg_id=cmd.id)
+        assert cmd.job.node == job.node
+        await self.effects.send(service, cmd)
+
+    async def placement(self, job: Job, exclude: str | None = None) -> Placement:
+        """Where `job` could go now (``pick_node`` without touching `job`)."""
+        probe = job.model_copy(deep=True)
+        target, why = await self.pick_node(probe, None, exclude=exclude)
+        return Placement(target, why, tuple(probe.gpu_uuids) if target else ())
 
     # ---- reports from the nodes ------------------------------------------------------------
 
@@ -338,7 +341,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         with _tracer.start_as_current_span(f"scheduler.on_{ev.kind}", context=extract(msg.headers)):
             async with self.lock:
                 if ev.kind == "notice":
-                    await self.on_notice(ev)
+                    await self.control.on_notice(ev)
                     return
                 job = await self.state.bus.jobs.get(ev.job)
                 if job is None:
@@ -357,21 +360,17 @@ class Scheduler(LiveMoves, ControlLoop, Service):
                     "exited": self.on_exited,
                     "restored": self.on_restored,
                     "restore_failed": self.on_restore_failed,
-                    "live_frozen": self.on_live_frozen,
-                    "live_freeze_failed": self.on_live_freeze_failed,
-                    "live_local": self.on_live_local,
-                    "live_lost": self.on_live_lost,
-                    "live_resumed": self.on_live_resumed,
-                    "live_resume_failed": self.on_live_resume_failed,
                 }.get(ev.kind)
                 if handler is not None:
                     await handler(job, ev)
+                elif ev.kind.startswith("live_"):
+                    await self.on_live_event(job, ev)
 
     async def on_started(self, job: Job, ev: wire.NodeEvent) -> None:
         if job.state != JobState.PENDING:
             return
         job.state, job.node, job.reason = JobState.RUNNING, ev.node, None
-        self._schedule_next_checkpoint(job)
+        job.next_checkpoint_at = next_checkpoint_at(job, now())
         op_id, job.op = job.op, None
         await self.state.save_job(job, "started", f"on {ev.node} (pid {ev.pid})")
         await self.state.finish_op(op_id)
@@ -390,11 +389,12 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         if live_phase(op) == "resume":
             return  # the source died while frozen: live_resume finds out and falls back to a checkpoint
         if op is not None and live_phase(op) in ("switch", "postcopy"):
-            if code != 0:  # a page that never came (it reads as zeros): the frozen source has them all
-                await self.on_live_target_failed(job, op, f"the target copy died (exit {code}) before all of "
-                                                          f"its memory arrived")
+            assert isinstance(op.args, LiveMove)
+            step = live_move.on_target_exited(job, op, code, await self.state.bus.nodes.get(op.args.source),
+                                              await self.placement(job), now())
+            await self.effects.apply(step)
+            if code != 0:
                 return
-            await self._end_source(job, op)  # it finished on the target: the frozen source is not needed
         job.exit_code = code
         if job.kill_requested:
             job.state = JobState.KILLED
@@ -419,6 +419,8 @@ class Scheduler(LiveMoves, ControlLoop, Service):
         fresh = await self.state.save_checkpoint(record)
         op = await self.state.op(ev.op) if ev.op else None
         ours = job.op is not None and job.op == ev.op
+        if ours and op is None:  # its record is gone: end the job's part of it all the same
+            op = Op(id=ev.op or "", kind=OpKind.CHECKPOINT, job=job.id, state=OpState.DONE)
         for gone in ev.deleted_checkpoints:  # the node's retention policy removed these from the store
             if gone != record.id:
                 await self.state.bus.checkpoints.delete(wire.ckpt_key(job.id, gone))
@@ -429,125 +431,63 @@ class Scheduler(LiveMoves, ControlLoop, Service):
             await self.state.emit(Event(kind="checkpointed", job=job.id, node=ev.node,
                                         message=f"{record.id}: {record.bytes_uploaded} bytes uploaded",
                                         data={"checkpoint": record.id}))
-            if not ours:
+            if not ours or op is None:
                 await self.state.save_job(job)
-                return
-            assert op is not None
-            if op.kind == OpKind.MIGRATE and live_phase(op) == "precopy":
-                await self.on_live_round(job, op, record)
-                return
-            if op.kind == OpKind.MIGRATE:
-                if op.args.get("live"):
-                    op.args["final_bytes"], op.args["final_freeze_ms"] = record.bytes_uploaded, record.freeze_ms
-                op.phase = "restore"
-                op.args["checkpoint_ms"] = record.total_ms
-                await self.state.save_op(op)
-                job.incarnation += 1
-                job.node = str(op.args["target"])
-                await self.state.save_job(job, "migrating", f"restoring {record.id} on {job.node}")
-                await self._send_restore(job, op)
-                return
-            job.state = JobState.PREEMPTED if record.final else JobState.RUNNING
-            job.parked_by = str(op.args.get("parked_by", "user")) if record.final else None
-            job.reason = (str(op.args.get("reason", "stopped by `ferry checkpoint --stop`"))
-                          if record.final else None)
-            job.op = None
-            self._schedule_next_checkpoint(job)
-            await self.state.save_job(job, "preempted" if record.final else None)
-            await self.state.finish_op(op.id, checkpoint=record.id)
+            elif op.kind == OpKind.MIGRATE and live_phase(op) == "precopy":
+                await self.effects.apply(live_move.on_round(job, op, record, now()))
+            else:
+                await self.effects.apply(checkpoint.on_committed(job, op, record, now()))
+        elif not ours or op is None:
+            job.next_checkpoint_at = next_checkpoint_at(job, now())
+            await self.state.save_job(job)
         else:
-            if not ours:
-                self._schedule_next_checkpoint(job)
-                await self.state.save_job(job)
-                return
-            if job.state in (JobState.CHECKPOINTING, JobState.MIGRATING):
-                job.state = JobState.RUNNING
-            job.op, job.moving_to = None, None
-            self._schedule_next_checkpoint(job)
-            await self.state.save_job(job, "checkpoint_failed", record.error or "")
-            await self.state.finish_op(ev.op, error=record.error or "checkpoint failed", checkpoint=record.id)
+            await self.effects.apply(checkpoint.on_failed(job, op, record, now()))
 
     async def on_restored(self, job: Job, ev: wire.NodeEvent) -> None:
         if job.state not in (JobState.RESTORING, JobState.MIGRATING):
             return
-        op = await self.state.op(job.op) if job.op else None
-        if op is not None and live_phase(op) == "switch":
-            await self.on_live_restored(job, op, ev)
-            return
-        job.state, job.node, job.error, job.reason, job.parked_by = JobState.RUNNING, ev.node, None, None, None
-        job.moving_to = None
-        job.restarts += 1
-        job.last_move_at = now()
-        if op is not None and ev.restore_ms is not None:
-            job.move_cost_s = (float(op.args.get("checkpoint_ms", 0.0)) + ev.restore_ms) / 1000 or job.move_cost_s
-        self._schedule_next_checkpoint(job)
-        op_id, job.op = job.op, None
-        await self.state.save_job(job, "restored", f"on {ev.node} (pid {ev.pid})")
-        if op is not None and op.args.get("live"):
-            fallback = op.args.get("fallback_error")
-            await self.state.finish_op(op_id, restore_ms=ev.restore_ms, result=live_result(job, op),
-                                       error=(f"live move failed: {fallback}; restored from {op.checkpoint} "
-                                              f"on {ev.node}" if fallback else None))
-            return
-        await self.state.finish_op(op_id, restore_ms=ev.restore_ms)
+        op = await self._op_of(job, OpKind.RESTORE)
+        if live_phase(op) == "switch":
+            await self.effects.apply(live_move.on_restored(job, op, ev))
+        else:
+            await self.effects.apply(restore.on_restored(job, op, ev, now()))
 
     async def on_restore_failed(self, job: Job, ev: wire.NodeEvent) -> None:
-        op = await self.state.op(job.op) if job.op else None
-        if op is not None and live_phase(op) == "switch":
-            await self.on_live_target_failed(job, op, ev.error or "the live restore failed")
+        op = await self._op_of(job, OpKind.RESTORE)
+        if isinstance(op.args, LiveMove) and op.phase == "switch":
+            await self.effects.apply(live_move.on_target_failed(
+                job, op, ev.error or "the live restore failed", await self.state.bus.nodes.get(op.args.source),
+                await self.placement(job), now()))
             return
-        if op is not None and ev.unverifiable and not op.args.get("pinned") and await self._restore_older(job, op, ev):
-            return
-        source = str(op.args.get("source", "")) if op else ""
-        if op and op.kind == OpKind.MIGRATE and source and source != ev.node and not op.args.get("rolled_back"):
-            op.args["rolled_back"] = True
-            op.args["target_error"] = ev.error
-            await self.state.save_op(op)
-            job.incarnation += 1
-            job.node = source
-            await self.state.save_job(job, "migrate_rollback", f"restore on {ev.node} failed: {ev.error}")
-            await self._send_restore(job, op)
-            return
-        job.state, job.error, job.moving_to = JobState.PREEMPTED, ev.error, None
-        job.reason = "the last restore failed; `ferry restore` can try another checkpoint or node"
-        op_id, job.op = job.op, None
-        await self.state.save_job(job, "restore_failed", ev.error or "")
-        error = ev.error or "restore failed"
-        if op and op.args.get("rolled_back"):
-            error = f"{op.args.get('target_error')}; rolling back to {source} failed too: {error}"
-        await self.state.finish_op(op_id, error=error, error_code=ev.error_code)
+        checkpoints = await self.state.bus.checkpoints.values(prefix=f"{job.id}.") if ev.unverifiable else []
+        await self.effects.apply(restore.on_restore_failed(job, op, ev, checkpoints, now()))
 
-    async def _restore_older(self, job: Job, op: Op, ev: wire.NodeEvent) -> bool:
-        """The checkpoint of a restore (a failover's, an evacuation's, one the user did not pick)
-        did not verify: restore the newest older one that may, saying which and why. False when
-        there is none left."""
-        assert op.checkpoint
-        failed = await self.state.bus.checkpoints.get(wire.ckpt_key(job.id, op.checkpoint))
-        unverifiable: dict[str, float] = dict(op.args.get("unverifiable", {}))
-        unverifiable[op.checkpoint] = failed.created if failed else now()
-        older = older_checkpoint(await self.state.bus.checkpoints.values(prefix=f"{job.id}."), unverifiable)
-        if older is None:
-            return False
-        why = f"{op.checkpoint} did not verify ({ev.error})"
-        op.args["unverifiable"] = unverifiable
-        op.result["fallback"] = f"{why}; restored {older.id} instead"
-        op.checkpoint = older.id
-        await self.state.save_op(op)
-        job.incarnation += 1
-        job.last_checkpoint = older.id
-        await self.state.save_job(job, "restore_fallback", f"{why}; restoring the older {older.id} on {job.node}")
-        await self._send_restore(job, op)
-        return True
-
-    async def on_live_lost(self, job: Job, ev: wire.NodeEvent) -> None:
+    async def _op_of(self, job: Job, kind: OpKind) -> Op:
+        """The job's op; one that has ended already (changing nothing) when its record is gone."""
         op = await self.state.op(job.op) if job.op else None
-        if op is not None and live_phase(op) == "postcopy" and ev.op == op.id:
-            await self.on_live_target_failed(job, op, ev.error or "the target lost its memory source")
+        return op or Op(id=job.op or "none", kind=kind, job=job.id, state=OpState.DONE)
+
+    async def on_live_event(self, job: Job, ev: wire.NodeEvent) -> None:
+        """The reports of a live move's two halves (``ferry.scheduler.ops.live_move``)."""
+        op = await self.state.op(job.op) if job.op else None
+        if op is None or not isinstance(op.args, LiveMove):
+            return
+        t = now()
+        if ev.kind == "live_frozen":
+            await self.effects.apply(live_move.on_frozen(job, op, ev))
+        elif ev.kind == "live_freeze_failed":
+            await self.effects.apply(live_move.on_freeze_failed(job, op, ev, t))
+        elif ev.kind == "live_local":
+            await self.effects.apply(live_move.on_local(job, op, ev, t))
+        elif ev.kind == "live_resumed":
+            await self.effects.apply(live_move.on_resumed(job, op, ev, t))
+        elif ev.kind == "live_resume_failed":
+            await self.effects.apply(live_move.on_resume_failed(job, op, ev, await self.placement(job), t))
+        elif ev.kind == "live_lost":
+            source = await self.state.bus.nodes.get(op.args.source)
+            await self.effects.apply(live_move.on_lost(job, op, ev, source, await self.placement(job), t))
 
     # ---- time-driven work ------------------------------------------------------------------
-
-    def _schedule_next_checkpoint(self, job: Job) -> None:
-        job.next_checkpoint_at = time.time() + job.checkpoint_every_s if job.checkpoint_every_s > 0 else None
 
     async def tick_loop(self) -> None:
         while not self.stopping.is_set():
@@ -557,7 +497,7 @@ class Scheduler(LiveMoves, ControlLoop, Service):
                 break
             try:
                 async with self.lock:
-                    await self.tick()
+                    await self.control.tick()
             except FerryError as exc:
                 log.warning("tick: %s", exc)
             except Exception:

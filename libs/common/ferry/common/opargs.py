@@ -1,0 +1,95 @@
+"""What an op carries while it runs (``Op.args``), one model per kind of operation.
+
+The scheduler writes them, the API and the CLI never read them (they read the op's state, phase,
+error and result), so they can change with the scheduler. ``type`` tells them apart in KV.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ferry.common.moves import FaultPhase, LiveFrozen, LiveLocal, LiveRestored
+from ferry.common.record import Record
+
+
+class Plain(Record):
+    """A submit, kill or drain: nothing beyond the op's own fields."""
+
+    type: Literal["plain"] = "plain"
+
+
+class CheckpointArgs(Record):
+    """A checkpoint of a running job, the user's or the scheduler's (periodic, parking)."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    stop: bool = False
+    periodic: bool = False
+    parked_by: str | None = None  # "capacity" when the scheduler parks the job (preempt-and-save)
+    reason: str | None = None  # the parked job's reason
+
+
+class RestorePhase(Record):
+    """What a restore on a node needs to remember, whatever op it belongs to."""
+
+    target: str | None = None
+    unverifiable: dict[str, float] = Field(default_factory=dict)  # checkpoints that did not verify: created
+    checkpoint_ms: float = 0.0  # a move's checkpoint, for the job's measured move cost
+
+
+class RestoreArgs(RestorePhase):
+    """A restore of a stopped job: the user's, a failover's, or a parked job coming back."""
+
+    type: Literal["restore"] = "restore"
+    pinned: bool = False  # the user named the checkpoint: no other one instead
+    failover: str | None = None  # the lost node
+    resume: bool = False  # capacity came back for a parked job
+
+
+class ColdMove(RestorePhase):
+    """A move by a final checkpoint and a restore elsewhere (rolled back to the source on failure)."""
+
+    type: Literal["cold_move"] = "cold_move"
+    source: str | None = None
+    stop: bool = True
+    evacuate: str | None = None  # the source's state when the scheduler moves the job off it
+    rebalance: str | None = None  # why the scheduler found a better node
+    criu_args: list[str] = Field(default_factory=list)
+    rolled_back: bool = False
+    target_error: str | None = None
+
+
+class Round(Record):
+    """One pre-copy round of a live move: a committed checkpoint taken while the job ran."""
+
+    checkpoint: str
+    bytes_uploaded: int
+    bytes_logical: int = 0
+    freeze_ms: float = 0.0
+
+
+class LiveMove(RestorePhase):
+    """A live move (``ferry.scheduler.ops.live_move`` walks its phases)."""
+
+    type: Literal["live_move"] = "live_move"
+    mode: Literal["postcopy", "precopy"] = "postcopy"
+    source: str = ""
+    source_incarnation: int = 0
+    stop: bool = True
+    evacuate: str | None = None
+    rebalance: str | None = None
+    criu_args: list[str] = Field(default_factory=list)
+    fault: FaultPhase | None = None
+    rounds: list[Round] = Field(default_factory=list)
+    fallback_checkpoint: str | None = None  # a fresh periodic checkpoint used instead of a round
+    images: str | None = None  # the frozen source's images in the store (all but memory)
+    frozen: LiveFrozen | None = None
+    restored: LiveRestored | None = None
+    local: LiveLocal | None = None
+    final_bytes: int | None = None  # pre-copy only: the final checkpoint's delta
+    final_freeze_ms: float | None = None
+    target_error: str | None = None
+    rolled_back: bool = False
+    fallback_error: str | None = None  # neither copy ran: restored from the last committed checkpoint
+
+
+OpArgs = Annotated[Plain | CheckpointArgs | RestoreArgs | ColdMove | LiveMove, Field(discriminator="type")]

@@ -1,0 +1,98 @@
+"""A transition's result: the new job and op, and the effects that carry it out, in order."""
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ferry.common import wire
+from ferry.common.models import Event, Job, Op, OpState
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    job: Job
+    event: str | None = None  # also publish a job event of this kind
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class SaveOp:
+    op: Op
+
+
+@dataclass(frozen=True)
+class Send:
+    """A node command, to the node service of ``cmd.job.node``."""
+
+    service: wire.NodeService
+    cmd: wire.NodeCommand
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: Event
+
+
+Effect = SaveJob | SaveOp | Send | Emit
+
+
+class Placement(NamedTuple):
+    """Where a job could go now (``node`` None: nowhere, and ``why``)."""
+
+    node: str | None
+    why: str = ""
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass
+class Step:
+    """Builds a transition's result on copies of the job and op it was given."""
+
+    job: Job
+    op: Op
+    effects: list[Effect] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, job: Job, op: Op) -> "Step":
+        return cls(job.model_copy(deep=True), op.model_copy(deep=True))
+
+    def save_job(self, event: str | None = None, message: str = "") -> None:
+        self.effects.append(SaveJob(self.job.model_copy(deep=True), event, message))
+
+    def save_op(self) -> None:
+        self.effects.append(SaveOp(self.op.model_copy(deep=True)))
+
+    def send(self, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
+        self.effects.append(Send(service, cmd))
+
+    def emit(self, event: Event) -> None:
+        self.effects.append(Emit(event))
+
+    def finish(self, now: float, *, error: str | None = None, error_code: int = 1, **fields: object) -> None:
+        """Ends the op (once: an op that ended stays as it ended)."""
+        if self.op.finished:
+            return
+        for key, value in fields.items():
+            setattr(self.op, key, value)
+        self.op.state = OpState.FAILED if error else OpState.DONE
+        self.op.error = error
+        self.op.error_code = error_code if error else 0
+        self.op.error_kind = ""
+        self.op.total_ms = (now - self.op.created) * 1000
+        self.save_op()
+
+    def then(self, other: "Step") -> "Step":
+        """This step followed by `other` (which started from this one's job and op)."""
+        return Step(other.job, other.op, self.effects + other.effects)
+
+    def commands(self) -> list[Send]:
+        return [e for e in self.effects if isinstance(e, Send)]
+
+
+def derived_id(prefix: str, op_id: str) -> str:
+    """An id that is the same every time the same op is handled (op-abc123 -> ck-abc123)."""
+    return f"{prefix}-{op_id.split('-', 1)[-1]}"
+
+
+def next_checkpoint_at(job: Job, now: float) -> float | None:
+    """When the job's next periodic checkpoint is due, counted from `now`."""
+    return now + job.checkpoint_every_s if job.checkpoint_every_s > 0 else None
