@@ -69,3 +69,17 @@ def test_the_op_of_an_undecodable_command_is_read_leniently() -> None:
     assert wire.op_of(b'{"op": "a.b"}') is None
     assert wire.op_of(b"not json") is None
     assert wire.op_of(b"[1]") is None
+
+
+def test_a_spec_becomes_a_job_with_every_field_it_carries() -> None:
+    from ferry.common.models import Job
+    from ferry.common.wire import JobSpec
+
+    spec = JobSpec(name="t1", argv=["python", "x.py"], env={"A": "1"}, cwd="/w", node="n1", checkpoint_every_s=60,
+                   priority=3, cpus=2, memory_bytes=1 << 30, gpus=1, deadline=5.0, max_downtime_s=1.0,
+                   gpu_model="H100", gpu_memory_bytes=1 << 34, gpu_shared=True)
+    job = spec.to_job("job-1", "op-1")
+    assert (job.id, job.op, job.requested_node, job.node) == ("job-1", "op-1", "n1", None)
+    for field in set(JobSpec.model_fields) - {"node"}:
+        assert field in Job.model_fields, field  # a spec field the job record would drop
+        assert getattr(job, field) == getattr(spec, field), field

@@ -97,6 +97,10 @@ class JobSpec(Record):
     gpu_memory_bytes: int = 0
     gpu_shared: bool = False
 
+    def to_job(self, job_id: str, op_id: str) -> Job:
+        """The job record of this spec (the one place its fields are copied): `node` is a request."""
+        return Job(id=job_id, op=op_id, requested_node=self.node, **self.model_dump(exclude={"node"}))
+
 
 class SchedulerCommand(Record):
     """A request for the scheduler; `op` names the Op record the requester watches."""

@@ -17,6 +17,7 @@ from ferry.common.bus import keep_alive
 from ferry.common.service import Service
 from ferry.common.tracing import extract, tracer
 from ferry.criu.jobdir import JobDir
+from ferry.sim.faults import FaultHook
 from ferry.store.store import CheckpointStore
 from ferry.store.url import open_backend
 
@@ -50,6 +51,7 @@ class NodeService(Service):
             d.mkdir(parents=True, exist_ok=True)
         self.store = CheckpointStore(open_backend(self.settings.resolved_store_url()))
         self.job_locks: dict[str, asyncio.Lock] = {}
+        self.faults = FaultHook()  # the one place fault points ask (tests, `ferry chaos fail-live`)
         await self.connect()
 
     async def on_command(self, msg: Msg) -> None:

@@ -98,8 +98,7 @@ class LiveSource(NodeService):
                             extra_args=criu_dump_args(cmd.options.criu_args))
         self.live[job.id] = source
         try:
-            if cmd.options.fails_at("freeze"):  # fault injection (tests): as if CRIU's dump failed
-                raise LiveMoveFailed("injected failure during the final dump", source_running=True)
+            self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)
             frozen = await source.freeze()
         except LiveMoveFailed as exc:
             self.live.pop(job.id, None)
@@ -128,7 +127,7 @@ class LiveSource(NodeService):
             stderr_path=frozen.file_keys.get(str(jd.stderr), str(jd.stderr)))
         await self.report(wire.NodeEvent(kind="live_frozen", node=self.node_id, job=job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, live=report))
-        if cmd.options.fails_at("source"):  # fault injection (tests): the source dies midway
+        if self.faults.hit(cmd.options, "source"):  # the source dies midway
             await asyncio.sleep(0.2)
             await source.dump.kill()
             signal_tree(shim.pid, signal.SIGKILL)

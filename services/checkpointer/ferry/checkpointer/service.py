@@ -1,5 +1,7 @@
-"""The node's checkpointer: starts and supervises workloads, checkpoints them with CRIU into the
-store, reports their exits, serves their logs, and keeps the node's record fresh.
+"""The node agent (the "checkpointer" service): starts and supervises workloads, reports their
+exits, serves their logs, fences stale copies, keeps the node's record fresh, watches for cloud
+interruption notices, and runs the checkpoint pipeline (``ferry.checkpointer.pipeline``) and the
+source half of live moves (``ferry.checkpointer.live``).
 
 Workloads run under a per-job shim (ferry.criu.shim) that outlives this service, so killing and
 restarting the checkpointer loses nothing: exit codes wait on disk until they are reported.
@@ -7,70 +9,44 @@ restarting the checkpointer loses nothing: exit codes wait on disk until they ar
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import shutil
-import signal
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from nats.aio.msg import Msg
 
 from ferry.checkpointer.live import LiveSource
+from ferry.checkpointer.pipeline import CheckpointPipeline
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
 from ferry.common.errors import FerryError
-from ferry.common.models import TERMINAL_STATES, CheckpointRecord, Node, NodeState
+from ferry.common.models import TERMINAL_STATES, Node, NodeState
 from ferry.common.service import service_main
-from ferry.common.tracing import tracer
-from ferry.criu.errors import CriuError, DumpFailed, LaunchFailed
-from ferry.criu.images import find_page_maps
+from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch
 from ferry.criu.lazy_common import ensure_pipe_limits
-from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
-from ferry.gpu.compat import snapshot_of
-from ferry.gpu.cuda_checkpoint import (
-    CudaCheckpointer,
-    cuda_processes,
-    default_checkpointer,
-    resume_after_dump,
-    suspend_for_dump,
-)
-from ferry.gpu.errors import GpuError
-from ferry.gpu.models import GpuDumpStats, GpuInfo, GpuReport
+from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.gpu.models import GpuInfo, GpuReport
 from ferry.gpu.monitor import GpuMonitor
-from ferry.gpu.nvml import RealNvml
+from ferry.gpu.nvml import Nvml, RealNvml
 from ferry.gpu.xid import XidWatcher
 from ferry.node.base import (
-    LOGS_DIR,
-    META_FILE,
     NODE_ACK_WAIT_S,
     NodeService,
-    kernel_release,
     read_meminfo_bytes,
-    snapshot_logs,
     workload_env,
 )
 from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
-from ferry.node.procs import alive, signal_tree, wait_for_dumps_of
-from ferry.node.space import space_problem, tree_rss
-from ferry.store.errors import StoreError
-from ferry.store.local import LocalBackend
-from ferry.store.manifest import manifest_key
-from ferry.store.store import CheckpointStore
+from ferry.node.procs import alive
 
 log = logging.getLogger(__name__)
-_tracer = tracer("checkpointer")
-ORPHAN_DUMP_WAIT_S = 120.0  # a 4 GiB dump takes about 10 s here
-
 
 
 class Checkpointer(LiveSource, NodeService):
-    """Runs, supervises and checkpoints the workloads of one node."""
+    """The node agent: runs, supervises and checkpoints the workloads of one node."""
 
     name = "checkpointer"
 
@@ -81,8 +57,9 @@ class Checkpointer(LiveSource, NodeService):
         self.lazy_pages_problem = (await asyncio.to_thread(ensure_pipe_limits) if self.settings.postcopy
                                    else "post-copy is turned off here (FERRY_POSTCOPY=0)")
         self.criu_status = await asyncio.to_thread(self.criu.check)
+        self.pipeline = CheckpointPipeline(self, self.criu, self.criu_status.version or "")
         self.recover_live_moves()
-        await self.recover_interrupted_stops()
+        await self.pipeline.recover_interrupted_stops()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
         self.spec = self.settings.node_spec or NodeSpec(id=self.node_id, cpus=os.cpu_count() or 1,
@@ -97,7 +74,7 @@ class Checkpointer(LiveSource, NodeService):
         assert self.bus is not None
         await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
         await asyncio.gather(
-            self.collect_garbage("a start (a crash may have left chunks of an unfinished checkpoint)"),
+            self.pipeline.collect_garbage("a start (a crash may have left chunks of an unfinished checkpoint)"),
             self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
                              subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
                              handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping,
@@ -106,50 +83,6 @@ class Checkpointer(LiveSource, NodeService):
             self.exit_watch_loop(),
             self.notice_loop(),
         )
-
-    async def recover_interrupted_stops(self) -> None:
-        """After a restart: a `checkpoint --stop` (or the source half of a cold move) whose service
-        died between CRIU's dump, which leaves the tree stopped, and the commit must not leave the job
-        stopped forever. Its stop marker, written before the dump, names the checkpoint: committed,
-        the stop is finished (the tree is killed, its exit reported as the checkpoint's); not
-        committed, the tree runs on. The redelivered command then does what was asked."""
-        for d in sorted(self.jobs_dir.iterdir()):
-            jd = JobDir(d)
-            shim = jd.read_shim()
-            if shim is None or jd.read_exit() is not None or self.live_marker(jd) is not None:
-                continue
-            marker = jd.path / f"stop-{shim.incarnation}"
-            if not marker.exists():
-                continue
-            # a CRIU its predecessor started may still be dumping the tree: let it end first
-            if not await asyncio.to_thread(wait_for_dumps_of, shim.pid, ORPHAN_DUMP_WAIT_S):
-                log.error("%s: a CRIU dump begun before the restart still runs after %.0fs", d.name,
-                          ORPHAN_DUMP_WAIT_S)
-            checkpoint = marker.read_text().strip()
-            committed = bool(checkpoint) and await asyncio.to_thread(self._committed, d.name, checkpoint)
-            if not alive(shim.pid):
-                continue
-            if committed:
-                log.warning("%s: checkpoint %s committed before a restart; finishing the stop", d.name, checkpoint)
-                signal_tree(shim.pid, signal.SIGKILL)
-            else:
-                log.warning("%s: its stop checkpoint %s did not commit before a restart; it runs on",
-                            d.name, checkpoint or "-")
-                signal_tree(shim.pid, signal.SIGCONT)
-                marker.unlink(missing_ok=True)
-
-    def space_problem(self, pid: int) -> str | None:
-        """Why a checkpoint of the tree of `pid` would not fit here (ferry.node.space), or None."""
-        places = {"scratch folder": self.scratch_dir}
-        if isinstance(self.store.backend, LocalBackend):
-            places["store"] = self.store.backend.root
-        return space_problem(tree_rss(pid), places, int(self.settings.disk_reserve))
-
-    def _committed(self, job_id: str, checkpoint: str) -> bool:
-        try:
-            return self.store.read_manifest(job_id, checkpoint) is not None
-        except StoreError:
-            return False
 
     # ---- node record -----------------------------------------------------------------------
 
@@ -208,6 +141,15 @@ class Checkpointer(LiveSource, NodeService):
             node.state = NodeState.PREEMPTING
         with contextlib.suppress(CasConflict):  # someone else wrote it meanwhile: next beat
             await self.bus.nodes.update(self.node_id, node, rev)
+
+    def gpu_driver_version(self) -> str:
+        return self.gpu_report.inventory.driver_version or ""
+
+    def nvml(self) -> Nvml:
+        return self.gpu_monitor.nvml
+
+    def in_any_live_move(self, jd: JobDir) -> bool:
+        return self.live_marker(jd) is not None
 
     def lazy_pages_error(self) -> str | None:
         st = self.criu_status
@@ -309,7 +251,7 @@ class Checkpointer(LiveSource, NodeService):
     # ---- commands --------------------------------------------------------------------------
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
-        return {"launch": self.launch, "kill": self.kill, "checkpoint": self.checkpoint,
+        return {"launch": self.launch, "kill": self.kill, "checkpoint": self.pipeline.checkpoint,
                 "live_freeze": self.live_freeze, "live_end": self.live_end, "live_resume": self.live_resume}
 
     async def launch(self, cmd: wire.NodeCommand) -> None:
@@ -343,171 +285,6 @@ class Checkpointer(LiveSource, NodeService):
             return  # not running here: the exit watcher reports (or has reported) how it ended
         if alive(shim.pid):
             await kill_tree(shim.pid, cmd.grace_s)
-
-    async def checkpoint(self, cmd: wire.NodeCommand) -> None:
-        job, jd = cmd.job, self.job_dir(cmd.job.id)
-        assert cmd.checkpoint
-        record = CheckpointRecord(id=cmd.checkpoint, job=job.id, job_name=job.name, parent=cmd.parent,
-                                  node=self.node_id, criu_version=self.criu_status.version or "",
-                                  kernel=kernel_release(), final=cmd.stop, incarnation=cmd.incarnation)
-        try:
-            existing = await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)
-        except StoreError:
-            existing = None
-        if existing is not None:  # committed before a restart of this service: report it again
-            record = CheckpointRecord.model_validate(existing.meta.get("record", record.model_dump()))
-            await self.report(wire.NodeEvent(kind="checkpoint_committed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
-            return
-        shim = jd.read_shim()
-        if shim is None or shim.incarnation != cmd.incarnation or jd.read_exit() is not None or not alive(shim.pid):
-            record.state, record.error = "failed", f"job {job.name} is not running on {self.node_id}"
-            await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
-            return
-        if (problem := await asyncio.to_thread(self.space_problem, shim.pid)) is not None:
-            record.state, record.error = "failed", problem  # refused before anything froze the job
-            log.warning("checkpoint %s of %s refused: %s", cmd.checkpoint, job.name, problem)
-            await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
-            return
-        images = self.scratch_dir / f"{job.id}-{cmd.checkpoint}"
-        shutil.rmtree(images, ignore_errors=True)
-        images.mkdir(parents=True)
-        stop_marker = jd.path / f"stop-{cmd.incarnation}"
-        t0 = time.monotonic()
-        try:
-            await self._dump_and_upload(cmd, jd, shim.pid, images, record, stop_marker)
-        except (CriuError, StoreError, GpuError, OSError) as exc:
-            if cmd.stop:
-                signal_tree(shim.pid, signal.SIGCONT)  # left stopped by the dump: let it run on
-                stop_marker.unlink(missing_ok=True)
-            record.state, record.error = "failed", str(exc)
-            record.log_excerpt = list(getattr(exc, "log_excerpt", []) or [])
-            if record.log_excerpt:
-                record.error = f"{exc} | CRIU log: " + " / ".join(record.log_excerpt[-5:])
-            record.total_ms = (time.monotonic() - t0) * 1000
-            log.warning("checkpoint %s of %s failed: %s", cmd.checkpoint, job.name, record.error)
-            await self.report(wire.NodeEvent(kind="checkpoint_failed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record))
-            await self.collect_garbage(f"checkpoint {cmd.checkpoint} of {job.name} failed")
-        else:
-            record.total_ms = (time.monotonic() - t0) * 1000
-            deleted = await self.apply_retention(job.id)
-            await self.report(wire.NodeEvent(kind="checkpoint_committed", node=self.node_id, job=job.id,
-                                             incarnation=cmd.incarnation, op=cmd.op, checkpoint=record,
-                                             deleted_checkpoints=deleted))
-        finally:
-            shutil.rmtree(images, ignore_errors=True)
-
-    async def collect_garbage(self, why: str) -> None:
-        """Deletes the chunks no checkpoint uses: those a failed or crashed write left behind. Safe
-        beside other writers (gc waits for them, see ferry.store.gc); a failure is only logged."""
-        try:
-            result = await asyncio.to_thread(self.store.gc)
-        except (StoreError, OSError) as exc:
-            log.warning("gc after %s failed: %s", why, exc)
-            return
-        if result.chunks_deleted or result.quarantined_deleted:
-            log.info("gc after %s: %d orphaned chunk(s), %d bytes, %d quarantined", why, result.chunks_deleted,
-                     result.bytes_freed, result.quarantined_deleted)
-
-    async def apply_retention(self, job_id: str) -> list[str]:
-        """Keeps the newest FERRY_KEEP_CHECKPOINTS checkpoints of a job (0: all); returns the rest,
-        deleted. A failure here never fails the checkpoint that was just committed."""
-        if not self.settings.keep_checkpoints:
-            return []
-        try:
-            return await asyncio.to_thread(_retain, self.store, job_id, self.settings.keep_checkpoints)
-        except (StoreError, OSError) as exc:
-            log.warning("retention for %s failed: %s", job_id, exc)
-            return []
-
-    async def _dump_and_upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path,
-                               record: CheckpointRecord, stop_marker: Path) -> None:
-        job = cmd.job
-        assert cmd.checkpoint
-        if cmd.options.fails_at("round"):  # fault injection (tests): a pre-copy round's dump fails
-            raise DumpFailed(f"injected failure during the pre-copy round {cmd.checkpoint}")
-        if cmd.stop:  # durably, before anything freezes the job (recover_interrupted_stops reads it)
-            stop_marker.write_text(cmd.checkpoint)
-        gpu: tuple[CudaCheckpointer, GpuDumpStats] | None = None
-        cuda_pids: list[int] = await asyncio.to_thread(cuda_processes, pid) if job.gpu_uuids else []
-        if cuda_pids:
-            # The CUDA driver moves the job's device memory into its host memory, where CRIU sees it.
-            with _tracer.start_as_current_span("cuda.suspend"):
-                ckpt = default_checkpointer()
-                gpu = ckpt, await suspend_for_dump(pid, ckpt, nvml=self.gpu_monitor.nvml)
-        try:
-            with _tracer.start_as_current_span("criu.dump") as span:
-                # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
-                # if the upload fails the job simply continues.
-                dump = await self.criu.dump(pid, images, leave_running=not cmd.stop,
-                                            record_sizes=[jd.stdout, jd.stderr],
-                                            extra_args=["--leave-stopped"] if cmd.stop else [])
-                span.set_attribute("ferry.dump_ms", dump.wall_ms)
-        except CriuError:
-            if gpu is not None:  # CRIU resumed the tree: give it its GPU state back
-                await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)
-            raise
-        if gpu is not None:
-            if not cmd.stop:
-                await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)
-            stats = gpu[1]
-            record.gpu_bytes, record.gpu_lock_ms, record.gpu_checkpoint_ms = (
-                stats.gpu_bytes, stats.lock_ms, stats.checkpoint_ms)
-        try:
-            await self._upload(cmd, jd, pid, images, record, dump, gpu is not None)
-        except (StoreError, OSError):
-            if cmd.stop and gpu is not None:  # the job goes on: running again, then its GPU state back
-                signal_tree(pid, signal.SIGCONT)
-                await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)
-            raise
-
-    async def _upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path, record: CheckpointRecord,
-                      dump: DumpResult, uses_gpu: bool) -> None:
-        job = cmd.job
-        assert cmd.checkpoint
-        await asyncio.to_thread(snapshot_logs, jd, images / LOGS_DIR, dump.file_sizes)
-        meta: dict[str, object] = {
-            "job": job.id, "name": job.name, "checkpoint": cmd.checkpoint, "incarnation": cmd.incarnation,
-            "argv": job.argv, "node": self.node_id,
-            # what the restore hands each output file to CRIU under (ferry.criu.external)
-            "stdout_path": dump.file_keys.get(str(jd.stdout), str(jd.stdout)),
-            "stderr_path": dump.file_keys.get(str(jd.stderr), str(jd.stderr))}
-        if uses_gpu:  # what a restore target must match
-            used = [g for g in self.gpus() if g.uuid in job.gpu_uuids]
-            meta["gpu"] = snapshot_of(used, self.gpu_report.inventory.driver_version or "").model_dump()
-        (images / META_FILE).write_text(json.dumps(meta))
-        page_maps = await asyncio.to_thread(find_page_maps, images)
-        record.dump_ms = dump.wall_ms
-        record.freeze_ms = dump.frozen_ms if dump.frozen_ms is not None else dump.wall_ms
-        record.manifest_key = manifest_key(job.id, cmd.checkpoint)
-        progress = self.progress_reporter(cmd.op, "upload")
-        with _tracer.start_as_current_span("store.upload") as span:
-            t0 = time.monotonic()
-            # The manifest carries the record so that a restarted checkpointer can report it again.
-            preview = record.model_copy()
-            result = await asyncio.to_thread(
-                self.store.write_checkpoint, job=job.id, checkpoint=cmd.checkpoint, parent=cmd.parent,
-                src_dir=images, page_maps=page_maps, meta={**meta, "record": preview.model_dump()},
-                progress=progress, verify_all=cmd.stop)  # the job is killed once a final one commits
-            record.upload_ms = (time.monotonic() - t0) * 1000
-            span.set_attribute("ferry.bytes_uploaded", result.bytes_uploaded)
-        record.bytes_logical = result.bytes_logical
-        record.bytes_stored = result.bytes_stored
-        record.bytes_uploaded = result.bytes_uploaded
-        if cmd.stop:
-            signal_tree(pid, signal.SIGKILL)
-
-
-def _retain(store: CheckpointStore, job: str, keep: int) -> list[str]:
-    """The retention policy, then garbage collection of the chunks no checkpoint uses any more."""
-    deleted = store.apply_retention(job, keep)
-    if deleted:
-        result = store.gc()
-        log.info("retention removed %d checkpoint(s) of %s; gc freed %d bytes", len(deleted), job, result.bytes_freed)
-    return deleted
 
 
 def _read_at(path: Path, offset: int, size: int) -> bytes:

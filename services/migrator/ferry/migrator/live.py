@@ -156,8 +156,7 @@ class LiveTarget(NodeService):
             for name in ("stdout", "stderr"):
                 shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
             fetch_ms = (time.monotonic() - t0) * 1000
-            if cmd.options.fails_at("restore"):  # fault injection (tests): as if the restore failed
-                raise LiveMoveFailed("injected failure during the restore", source_running=True)
+            self.faults.raise_at(cmd.options, "restore", LiveMoveFailed, source_running=True)
             info = await target.start(pages.address, pages.port)
         except (StoreError, CriuError, OSError, ValueError, KeyError, TimeoutError) as exc:
             if target is not None:
@@ -174,7 +173,7 @@ class LiveTarget(NodeService):
                                          live=LiveRestored(fetch_ms=fetch_ms, restore_ms=target.restore_ms,
                                                            lazy_start_ms=target.lazy_start_ms,
                                                            running_at=target.running_at)))
-        if cmd.options.fails_at("postcopy"):  # fault injection (tests): the memory stops coming midway
+        if self.faults.hit(cmd.options, "postcopy"):  # the memory stops coming midway
             await target.lazy.kill()
         self.spawn(self._until_local(cmd, target, images))
 

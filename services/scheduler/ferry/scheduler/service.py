@@ -146,11 +146,7 @@ class Scheduler(Service):
                                         f"{other.state}); pick another name")
             if spec.node:
                 await self.state.node(spec.node)
-            job = Job(id=job_id, name=spec.name, argv=spec.argv, env=spec.env, cwd=spec.cwd,
-                      requested_node=spec.node, checkpoint_every_s=spec.checkpoint_every_s,
-                      priority=spec.priority, op=op.id, cpus=spec.cpus, memory_bytes=spec.memory_bytes,
-                      gpus=spec.gpus, deadline=spec.deadline, max_downtime_s=spec.max_downtime_s,
-                      gpu_model=spec.gpu_model, gpu_memory_bytes=spec.gpu_memory_bytes, gpu_shared=spec.gpu_shared)
+            job = spec.to_job(job_id, op.id)
             await self.state.save_job(job, "submitted")
         op.job = job.id
         op.state = OpState.RUNNING
