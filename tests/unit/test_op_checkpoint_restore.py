@@ -159,3 +159,13 @@ def test_a_cold_moves_failed_restore_rolls_back_to_the_source_once() -> None:
     assert again.job.state == JobState.PREEMPTED and again.op.state == OpState.FAILED
     assert again.op.error == "criu said no; rolling back to a failed too: criu said no"
     assert "ferry restore" in (again.job.reason or "") and not sent(again)
+
+
+def test_an_ended_op_carries_the_job_and_checkpoint_it_ended_with() -> None:
+    j = job(state=JobState.CHECKPOINTING, op="op-abc")
+    op = Op(id="op-abc", kind=OpKind.CHECKPOINT, phase="checkpoint", args=CheckpointArgs())
+    s = checkpoint.on_committed(j, op, rec("ck-abc"), NOW)
+    assert s.op.job_record == s.job and s.op.checkpoint_record is not None and s.op.checkpoint_record.id == "ck-abc"
+    before = s.op.model_copy(deep=True)
+    s.finish(NOW + 5, error="again")  # an op ends once
+    assert s.op == before

@@ -173,6 +173,9 @@ class Op(Record):
     total_ms: float | None = None
     args: OpArgs = Field(default_factory=Plain)  # what the op carries while it runs, by its type
     result: dict[str, Any] = Field(default_factory=dict)  # what a live move measured; a fallback's why
+    # what the op ended with, written with its end so that whoever waits for it reads the op once
+    job_record: Job | None = None
+    checkpoint_record: CheckpointRecord | None = None
 
     @property
     def finished(self) -> bool:

@@ -118,15 +118,19 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                 await asyncio.sleep(0.3)
 
     async def final_update(self, op: Op) -> pb.OpUpdate:
+        """The op's last update. The scheduler writes the job and the checkpoint as they ended
+        into the op; only an op that ended without them (an old record) costs more reads."""
         update = convert.op_to_update(op)
-        if op.checkpoint and op.job:
+        record = op.checkpoint_record
+        if record is None and op.checkpoint and op.job:
             record = await self.bus.checkpoints.get(wire.ckpt_key(op.job, op.checkpoint))
-            if record is not None:
-                update.checkpoint.CopyFrom(convert.checkpoint_to_pb(record))
-        if op.job:
+        if record is not None:
+            update.checkpoint.CopyFrom(convert.checkpoint_to_pb(record))
+        job = op.job_record
+        if job is None and op.job:
             job = await self.bus.jobs.get(op.job)
-            if job is not None:
-                update.job.CopyFrom(convert.job_to_pb(job))
+        if job is not None:
+            update.job.CopyFrom(convert.job_to_pb(job))
         return update
 
     async def op_result(self, cmd: wire.SchedulerCommand) -> pb.OpUpdate:

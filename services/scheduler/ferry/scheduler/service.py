@@ -204,20 +204,20 @@ class Scheduler(Service):
         if job.reason != reason:
             job.reason = reason
             await self.state.save_job(job, "pending", reason)
-        await self.state.finish_op(job.op)  # the submit is accepted; the job starts when it fits
-        job.op = None
+        op_id, job.op = job.op, None
+        await self.state.finish_op(op_id, job=job)  # the submit is accepted; the job starts when it fits
         await self.state.bus.jobs.put(job.id, job)
         return False
 
     async def kill(self, job: Job, op: Op, grace_s: float) -> None:
         if job.terminal:
-            await self.state.finish_op(op.id, job=job.id)
+            await self.state.finish_op(op.id, job=job)
             return
         if job.state in (JobState.PENDING, JobState.PREEMPTED) or not job.node:
             job.state = JobState.KILLED
             job.kill_requested = True
             await self.state.save_job(job, "killed")
-            await self.state.finish_op(op.id)
+            await self.state.finish_op(op.id, job=job)
             return
         job.kill_requested = True
         job.kill_op = op.id
@@ -369,13 +369,14 @@ class Scheduler(Service):
         job.next_checkpoint_at = next_checkpoint_at(job, now())
         op_id, job.op = job.op, None
         await self.state.save_job(job, "started", f"on {ev.node} (pid {ev.pid})")
-        await self.state.finish_op(op_id)
+        await self.state.finish_op(op_id, job=job)
 
     async def on_launch_failed(self, job: Job, ev: wire.NodeEvent) -> None:
         job.state, job.error = JobState.FAILED, ev.error
         op_id, job.op = job.op, None
         await self.state.save_job(job, "failed", ev.error or "")
-        await self.state.finish_op(op_id, error=ev.error or "the job could not start", error_code=ev.error_code)
+        await self.state.finish_op(op_id, error=ev.error or "the job could not start", error_code=ev.error_code,
+                                   job=job)
 
     async def on_exited(self, job: Job, ev: wire.NodeEvent) -> None:
         if ev.by_checkpoint or job.terminal:
@@ -400,13 +401,13 @@ class Scheduler(Service):
         kill_op, job.kill_op = job.kill_op, None
         detail = f"exit code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
         await self.state.save_job(job, "exited", detail)
-        await self.state.finish_op(kill_op)
+        await self.state.finish_op(kill_op, job=job)
         if op_id:
             if op is not None and op.kind == OpKind.SUBMIT:
-                await self.state.finish_op(op_id)  # it started and already ended: the submit worked
+                await self.state.finish_op(op_id, job=job)  # it started and already ended: the submit worked
             else:
                 await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
-                                                        f"{op.kind if op else 'operation'}")
+                                                        f"{op.kind if op else 'operation'}", job=job)
 
     async def on_checkpoint(self, job: Job, ev: wire.NodeEvent) -> None:
         record = ev.checkpoint

@@ -59,8 +59,9 @@ class ClusterState:
         await self.bus.ops.put(op.id, op)
 
     async def finish_op(self, op_id: str | None, *, error: str | None = None, error_code: int = 1,
-                        error_kind: str = "", **fields: object) -> None:
-        """Ends the op; `error_kind` names the error's class (``errors.kind_of``) when one ended it."""
+                        error_kind: str = "", job: Job | None = None, **fields: object) -> None:
+        """Ends the op; `error_kind` names the error's class (``errors.kind_of``) when one ended it;
+        `job`: the job as the op leaves it (carried by the op, so a waiter reads only the op)."""
         if not op_id:
             return
         op = await self.op(op_id)
@@ -73,6 +74,8 @@ class ClusterState:
         op.error_code = error_code if error else 0
         op.error_kind = error_kind if error else ""
         op.total_ms = (time.time() - op.created) * 1000
+        if job is not None:
+            op.job, op.job_record = op.job or job.id, job.model_copy(deep=True)
         await self.save_op(op)
 
     async def save_checkpoint(self, record: CheckpointRecord) -> bool:

@@ -87,7 +87,7 @@ def on_committed(job: Job, op: Op, record: CheckpointRecord, now: float) -> Step
     job.op = None
     job.next_checkpoint_at = next_checkpoint_at(job, now)
     s.save_job("preempted" if record.final else None)
-    s.finish(now, checkpoint=record.id)
+    s.finish(now, checkpoint=record.id, checkpoint_record=record)
     return s
 
 
@@ -100,5 +100,5 @@ def on_failed(job: Job, op: Op, record: CheckpointRecord, now: float) -> Step:
     job.op, job.moving_to = None, None
     job.next_checkpoint_at = next_checkpoint_at(job, now)
     s.save_job("checkpoint_failed", record.error or "")
-    s.finish(now, error=record.error or "checkpoint failed", checkpoint=record.id)
+    s.finish(now, error=record.error or "checkpoint failed", checkpoint=record.id, checkpoint_record=record)
     return s

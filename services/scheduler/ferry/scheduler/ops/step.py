@@ -78,6 +78,7 @@ class Step:
         self.op.error_code = error_code if error else 0
         self.op.error_kind = ""
         self.op.total_ms = (now - self.op.created) * 1000
+        self.op.job_record = self.job.model_copy(deep=True)
         self.save_op()
 
     def then(self, other: "Step") -> "Step":
