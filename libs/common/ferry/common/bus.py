@@ -102,6 +102,21 @@ class Table(Generic[M]):
         self._model = model
         self._nc = nc
 
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    @property
+    def model(self) -> type[M]:
+        return self._model
+
+    async def watch_all(self) -> KeyValue.KeyWatcher:
+        """Every record once, then every write and delete (``ferry.common.mirror`` follows it)."""
+        try:
+            return await self._call("watch", lambda: self._kv.watchall())
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot watch {self._bucket}: {exc or type(exc).__name__}") from exc
+
     @contextlib.asynccontextmanager
     async def watching(self, key: str, changed: asyncio.Event | None = None) -> AsyncIterator[asyncio.Event]:
         """An event that is set each time `key` (">": any key) is written or deleted, for as long as

@@ -184,7 +184,7 @@ class ControlLoop:
             return
         t = now()
         views = node_views(await self.state.nodes(), [j for j in await self.state.jobs() if j.id != job.id], t,
-                           self.settings.heartbeat_timeout_s, await self.state.bus.prices.values())
+                           self.settings.heartbeat_timeout_s, await self.state.prices())
         current = next((v for v in views if v.id == node.id), None)
         jv = job_view(job, t)
         best, _ = policy.best_node(jv, [v for v in views if v.usable and v.id != node.id], t)
@@ -212,14 +212,14 @@ class ControlLoop:
             for key, value in fields.items():
                 setattr(node, key, value)
             try:
-                await self.state.bus.nodes.update(node_id, node, rev)
+                self.state.noted_node(node, await self.state.bus.nodes.update(node_id, node, rev))
                 return node
             except CasConflict:
                 await asyncio.sleep(0.05)
         raise ConflictError(f"node {node_id} keeps changing; try again")
 
     async def on_notice(self, ev: wire.NodeEvent) -> None:
-        node = await self.state.bus.nodes.get(ev.node)
+        node = self.state.find_node(ev.node)
         if node is None or (node.notice_deadline == ev.deadline and node.state == NodeState.PREEMPTING):
             return
         await self.set_node_state(ev.node, NodeState.PREEMPTING, notice_deadline=ev.deadline,

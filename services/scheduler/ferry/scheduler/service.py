@@ -46,9 +46,15 @@ class Scheduler(Service):
         self.state = ClusterState(bus)
         self.effects = Effects(self.state)
         self.control = ControlLoop(self.state, self.settings, self)
+        await self.state.start()
         self.lock = asyncio.Lock()
         async with self.lock:
             await self.resume_in_flight()
+
+    async def close(self) -> None:
+        if hasattr(self, "state"):
+            await self.state.close()
+        await super().close()
 
     async def resume_in_flight(self) -> None:
         """Sends again the node command of every op a previous scheduler left in flight: node
@@ -138,7 +144,7 @@ class Scheduler(Service):
         if spec is None or not spec.argv:
             raise UsageError("empty command: give the program to run after `--`")
         job_id = derived_id("job", op.id)
-        job = await self.state.bus.jobs.get(job_id)
+        job = self.state.find_job(job_id)
         if job is None:
             for other in await self.state.jobs():
                 if other.name == spec.name:
@@ -173,7 +179,7 @@ class Scheduler(Service):
         t = now()
         others = [j for j in await self.state.jobs() if j.id != job.id]
         nodes = await self.state.nodes()
-        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.bus.prices.values())
+        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
         gpu_fit = gpu_assignments(job, nodes, others)
         jv = job_view(job, t)
         if wanted:
@@ -206,7 +212,7 @@ class Scheduler(Service):
             await self.state.save_job(job, "pending", reason)
         op_id, job.op = job.op, None
         await self.state.finish_op(op_id, job=job)  # the submit is accepted; the job starts when it fits
-        await self.state.bus.jobs.put(job.id, job)
+        await self.state.save_job(job)
         return False
 
     async def kill(self, job: Job, op: Op, grace_s: float) -> None:
@@ -285,7 +291,7 @@ class Scheduler(Service):
     async def begin_move(self, job: Job, op: Op, source: Node, target: str) -> None:
         """A move the scheduler decided (drain, notice, rebalance): live when the policy wants it
         (``decisions.wants_live``), else cold."""
-        dest = await self.state.bus.nodes.get(target)
+        dest = self.state.find_node(target)
         if dest is not None and wants_live(job, source, dest, now()):
             await self.start_live(job, op, target)
         else:
@@ -339,7 +345,7 @@ class Scheduler(Service):
                 if ev.kind == "notice":
                     await self.control.on_notice(ev)
                     return
-                job = await self.state.bus.jobs.get(ev.job)
+                job = self.state.find_job(ev.job)
                 if job is None:
                     log.warning("event %s for unknown job %s", ev.kind, ev.job)
                     return
@@ -387,7 +393,7 @@ class Scheduler(Service):
             return  # the source died while frozen: live_resume finds out and falls back to a checkpoint
         if op is not None and live_phase(op) in ("switch", "postcopy"):
             assert isinstance(op.args, LiveMove)
-            step = live_move.on_target_exited(job, op, code, await self.state.bus.nodes.get(op.args.source),
+            step = live_move.on_target_exited(job, op, code, self.state.find_node(op.args.source),
                                               await self.placement(job), now())
             await self.effects.apply(step)
             if code != 0:
@@ -453,7 +459,7 @@ class Scheduler(Service):
         op = await self._op_of(job, OpKind.RESTORE)
         if isinstance(op.args, LiveMove) and op.phase == "switch":
             await self.effects.apply(live_move.on_target_failed(
-                job, op, ev.error or "the live restore failed", await self.state.bus.nodes.get(op.args.source),
+                job, op, ev.error or "the live restore failed", self.state.find_node(op.args.source),
                 await self.placement(job), now()))
             return
         checkpoints = await self.state.bus.checkpoints.values(prefix=f"{job.id}.") if ev.unverifiable else []
@@ -481,7 +487,7 @@ class Scheduler(Service):
         elif ev.kind == "live_resume_failed":
             await self.effects.apply(live_move.on_resume_failed(job, op, ev, await self.placement(job), t))
         elif ev.kind == "live_lost":
-            source = await self.state.bus.nodes.get(op.args.source)
+            source = self.state.find_node(op.args.source)
             await self.effects.apply(live_move.on_lost(job, op, ev, source, await self.placement(job), t))
 
     # ---- time-driven work ------------------------------------------------------------------

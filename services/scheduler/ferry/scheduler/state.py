@@ -1,16 +1,20 @@
-"""The scheduler's view of the cluster, read from and written through to JetStream KV.
+"""The scheduler's view of the cluster: jobs, nodes and prices as watch-fed local copies of their
+KV buckets (``ferry.common.mirror``), written through to JetStream KV.
 
-The scheduler is the only writer of job and op records, so a plain put is safe; it keeps no state
-that KV does not also hold, so a restarted scheduler picks up exactly where the last one stopped.
+The scheduler is the only writer of job and op records, so a plain put is safe; its own writes go
+into its copy at once. It keeps no state that KV does not also hold, so a restarted scheduler
+picks up exactly where the last one stopped. Ops and checkpoints are read from KV when needed.
 """
 
+import asyncio
 import logging
 import time
 
 from ferry.common import wire
 from ferry.common.bus import Bus
 from ferry.common.errors import ConflictError, NotFoundError
-from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, OpState, now
+from ferry.common.mirror import Mirror
+from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, OpState, PriceRecord, now
 
 log = logging.getLogger(__name__)
 
@@ -18,28 +22,51 @@ log = logging.getLogger(__name__)
 class ClusterState:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        self._jobs = Mirror(bus.jobs)
+        self._nodes = Mirror(bus.nodes)
+        self._prices = Mirror(bus.prices)
+
+    async def start(self) -> None:
+        """Reads the jobs, nodes and prices and starts following them."""
+        await asyncio.gather(self._jobs.start(), self._nodes.start(), self._prices.start())
+
+    async def close(self) -> None:
+        await asyncio.gather(self._jobs.close(), self._nodes.close(), self._prices.close())
 
     async def job(self, job_id: str) -> Job:
-        job = await self.bus.jobs.get(job_id)
+        job = self._jobs.get(job_id)
         if job is None:
             raise NotFoundError(f"no job {job_id!r}")
         return job
 
+    def find_job(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
     async def jobs(self) -> list[Job]:
-        return await self.bus.jobs.values()
+        return self._jobs.values()
 
     async def nodes(self) -> list[Node]:
-        return await self.bus.nodes.values()
+        return self._nodes.values()
+
+    def find_node(self, node_id: str) -> Node | None:
+        return self._nodes.get(node_id)
 
     async def node(self, node_id: str) -> Node:
-        node = await self.bus.nodes.get(node_id)
+        node = self._nodes.get(node_id)
         if node is None:
             raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
         return node
 
+    def noted_node(self, node: Node, revision: int) -> None:
+        """A node record the scheduler wrote itself (compare-and-set)."""
+        self._nodes.note(node.id, node, revision)
+
+    async def prices(self) -> list[PriceRecord]:
+        return self._prices.values()
+
     async def save_job(self, job: Job, event: str | None = None, message: str = "") -> None:
         job.updated = now()
-        await self.bus.jobs.put(job.id, job)
+        self._jobs.note(job.id, job, await self.bus.jobs.put(job.id, job))
         if event:
             await self.emit(Event(kind=event, job=job.id, node=job.node or "", message=message,
                                   data={"state": job.state, "name": job.name}))

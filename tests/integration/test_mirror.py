@@ -1,0 +1,74 @@
+"""Mirror against a real nats-server: what the scheduler decides from follows the bucket (writes,
+deletes, other writers), keeps the owner's own last write, and hands out copies."""
+
+import asyncio
+
+from ferry.common.bus import Bus
+from ferry.common.mirror import Mirror
+from ferry.common.models import Job, JobState
+
+
+def job(id: str, **kw: object) -> Job:
+    return Job.model_validate({"id": id, "name": id, "argv": ["x"]} | kw)
+
+
+async def until(check: object, what: str, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_the_mirror_follows_writes_and_deletes_and_hands_out_copies(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url, "test-mirror")
+    other = await Bus.connect(nats_url, "test-mirror-other")
+    mirror = Mirror(bus.jobs)
+    try:
+        await bus.jobs.put("job-a", job("job-a"))
+        await mirror.start()
+        assert [j.id for j in mirror.values()] == ["job-a"]  # what was there before it started
+        await other.jobs.put("job-b", job("job-b", state=JobState.RUNNING))
+        await until(lambda: mirror.get("job-b") is not None, "another writer's record did not arrive")
+        got = mirror.get("job-b")
+        assert got is not None and got.state == JobState.RUNNING
+        got.state = JobState.FAILED  # a reader's change stays in its copy
+        again = mirror.get("job-b")
+        assert again is not None and again.state == JobState.RUNNING
+        await other.jobs.delete("job-a")
+        await until(lambda: mirror.get("job-a") is None, "a delete did not arrive")
+    finally:
+        await mirror.close()
+        await other.close()
+        await bus.close()
+
+
+async def test_the_owners_write_is_seen_at_once_and_an_older_copy_does_not_undo_it(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url, "test-mirror")
+    mirror = Mirror(bus.jobs)
+    try:
+        await mirror.start()
+        first = await bus.jobs.put("job-c", job("job-c"))
+        second = await bus.jobs.put("job-c", job("job-c", state=JobState.RUNNING))
+        mirror.note("job-c", job("job-c", state=JobState.RUNNING), second)
+        assert (c := mirror.get("job-c")) is not None and c.state == JobState.RUNNING
+        mirror.note("job-c", job("job-c"), first)  # the watch delivering the earlier write late
+        assert (c := mirror.get("job-c")) is not None and c.state == JobState.RUNNING
+        await asyncio.sleep(0.3)  # the watch's own copies of both writes change nothing
+        assert (c := mirror.get("job-c")) is not None and c.state == JobState.RUNNING
+    finally:
+        await mirror.close()
+        await bus.close()
+
+
+async def test_a_quiet_watch_reads_the_bucket_again(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url, "test-mirror")
+    mirror = Mirror(bus.jobs, resync_s=0.3)
+    try:
+        await mirror.start()
+        await bus.jobs.put("job-d", job("job-d"))
+        await until(lambda: mirror.get("job-d") is not None, "the write did not arrive")
+        mirror._records.pop("job-d")  # as if the watch had missed it
+        await until(lambda: mirror.get("job-d") is not None, "no resync after a quiet watch")
+    finally:
+        await mirror.close()
+        await bus.close()
