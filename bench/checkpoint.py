@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from typing import Any
 
 from benchkit import dir_bytes, machine, median, read_bytes, run_directory, uptime
 
+from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu
 from ferry.criu.errors import ImageError
 from ferry.criu.images import read_dump_stats
@@ -73,12 +73,6 @@ class BenchError(Exception):
 
 
 # ---- small helpers -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:

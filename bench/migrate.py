@@ -58,7 +58,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,6 +71,7 @@ from typing import Any
 
 from benchkit import dir_bytes, machine, median, read_bytes, run_directory, uptime
 
+from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch
@@ -216,12 +216,6 @@ class Sample:
         d = {k: v for k, v in self.__dict__.items() if k != "rounds"}
         d["rounds_seen"] = len(self.rounds)
         return d
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def number(report: dict[str, Any], key: str) -> float | None:

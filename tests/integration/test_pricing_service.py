@@ -12,10 +12,10 @@ from ferry.common import wire
 from ferry.common.bus import Bus
 from ferry.common.config import Settings
 from ferry.common.models import Event
+from ferry.common.ports import free_port
 from ferry.pricing.service import Pricing
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import free_port
 
 HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
 

@@ -10,13 +10,14 @@ import pytest
 from ferry.api.service import Api
 from ferry.checkpointer.service import Checkpointer
 from ferry.common.config import Settings
+from ferry.common.ports import free_port
 from ferry.common.service import Service
 from ferry.scheduler.service import Scheduler
 from ferry.store.store import CheckpointStore
 from ferry.store.url import open_backend
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import PY, free_port
+from tests.conftest import PY
 
 pytestmark = pytest.mark.criu
 

@@ -13,12 +13,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ferry.api.service import Api
 from ferry.checkpointer.service import Checkpointer
 from ferry.common.config import Settings
+from ferry.common.ports import free_port
 from ferry.common.service import Service
 from ferry.common.tracing import setup_tracing
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.criu
 

@@ -25,6 +25,7 @@ import grpc
 from ferry.cli.nats_guard import FULL_BYTES, RESERVE_BYTES, DiskReserve, ReserveAction, has_write_error, server_health
 from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
+from ferry.common.ports import free_port
 from ferry.criu.jobdir import JobDir
 from ferry.node.procs import signal_tree
 from ferry.v1 import ferry_pb2 as pb
@@ -36,12 +37,6 @@ MEMBER_RESTART_S = 5.0
 DISK_CHECK_S = 1.0  # how often the free space (and, after a full disk, the NATS servers' health) is looked at
 DISK_TROUBLE_S = 120.0  # how long after the disk was (nearly) full the NATS servers' health is looked at
 JETSTREAM_MAX_BYTES = 4 << 30  # Ferry's state is small: records, events and queued commands
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_nats_server() -> str:

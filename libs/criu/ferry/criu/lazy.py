@@ -66,6 +66,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from ferry.common.ports import free_port
 from ferry.criu.errors import CriuError
 from ferry.criu.external import external_keys
 from ferry.criu.jobdir import JobDir, ShimInfo
@@ -78,7 +79,6 @@ from ferry.criu.lazy_common import (
     copy_images,
     ensure_pipe_limits,
     finish_anyway,
-    free_port,
     kerndat_cache_problem,
     rebuild_outputs,
     tree_pids,

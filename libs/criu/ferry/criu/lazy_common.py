@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import tempfile
@@ -158,14 +157,6 @@ def kerndat_cache_problem(run_dir: str = "/run") -> str | None:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def free_port(address: str) -> int:
-    """A TCP port free on ``address`` now (CRIU refuses --port 0)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def tree_pids(root: int) -> list[int]:

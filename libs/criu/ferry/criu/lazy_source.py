@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import CriuError, DumpFailed
 from ferry.criu.external import dump_args, external_keys
@@ -34,7 +35,6 @@ from ferry.criu.lazy_common import (
     CriuProcess,
     LiveMoveFailed,
     ensure_pipe_limits,
-    free_port,
     frozen_ms_from_log,
     proc_state,
     signal_all,
