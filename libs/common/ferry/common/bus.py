@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 import nats
 import nats.errors
 import nats.js.errors
+import tenacity
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
@@ -28,6 +29,9 @@ from ferry.common.tracing import inject
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+_UNANSWERED = (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+               nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
+"""What a KV request meets while a server is away or its cluster elects a leader: worth a retry."""
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 2.0  # one KV request (they take milliseconds); a node is lost after 5 s of silence
 REQUEST_ATTEMPTS = 4
@@ -154,15 +158,17 @@ class Table(Generic[M]):
         whole JetStream timeout, while the client is already connected to another server of the
         cluster. Retried a few times (every KV request here is idempotent, or a CAS whose conflict
         the caller handles), then a BusError."""
-        for attempt in range(REQUEST_ATTEMPTS):
-            try:
-                return await asyncio.wait_for(request(), REQUEST_TIMEOUT_S)
-            except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
-                    nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
-                if attempt == REQUEST_ATTEMPTS - 1:
-                    raise BusError(f"cannot {what} in {self._bucket}: {exc or type(exc).__name__}") from exc
-                await asyncio.sleep(0.2)
-        raise AssertionError("unreachable")
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(REQUEST_ATTEMPTS), wait=tenacity.wait_fixed(0.2), reraise=True,
+            retry=tenacity.retry_if_exception_type(_UNANSWERED))
+
+        async def attempt() -> T:  # tenacity awaits what an async function returns, not a lambda's
+            return await asyncio.wait_for(request(), REQUEST_TIMEOUT_S)
+
+        try:
+            return await retrying(attempt)
+        except _UNANSWERED as exc:
+            raise BusError(f"cannot {what} in {self._bucket}: {exc or type(exc).__name__}") from exc
 
     async def get_rev(self, key: str) -> tuple[M, int] | None:
         try:

@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import psutil
+
 from ferry.gpu.errors import CudaCheckpointError, CudaCheckpointUnavailable, NvmlError
 from ferry.gpu.models import GpuDumpStats, GpuRestoreStats
 from ferry.gpu.nvml import Nvml
@@ -291,7 +293,13 @@ def default_checkpointer(tool: str = "cuda-checkpoint") -> CudaCheckpointer:
 
 
 def process_tree(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """``pid`` and its descendants (from ``/proc/<pid>/task/*/children``), parents first."""
+    """``pid`` and its descendants, parents first: psutil's, on this host's /proc; from
+    ``<proc_root>/<pid>/task/*/children`` on another one (a host's /proc mounted into a container)."""
+    if proc_root == Path("/proc"):
+        try:
+            return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return [pid]
     out: list[int] = []
     todo = [pid]
     while todo:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import tenacity
 from nats.aio.msg import Msg
 
 from ferry.common import wire
@@ -84,18 +85,21 @@ class NodeService(Service):
 
     async def report(self, event: wire.NodeEvent) -> None:
         """Publishes a node event; retried until NATS takes it (the scheduler must hear it)."""
-        assert self.bus is not None
-        delay = 0.2
-        while True:
-            try:
-                await self.bus.publish(wire.node_event_subject(self.node_id, event.kind), event, msg_id=event.id)
-                return
-            except Exception as exc:
-                if self.stopping.is_set() and delay > 5:
-                    raise
-                log.warning("cannot report %s yet: %s", event.kind, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        bus = self.bus
+        assert bus is not None
+
+        def log_retry(state: tenacity.RetryCallState) -> None:
+            log.warning("cannot report %s yet: %s", event.kind, state.outcome.exception() if state.outcome else "")
+
+        # a draining service gives up once the waits reached their longest (about 10 s in all)
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0), reraise=True, before_sleep=log_retry,
+            stop=lambda state: self.stopping.is_set() and state.attempt_number > 6)
+
+        async def publish() -> None:
+            await bus.publish(wire.node_event_subject(self.node_id, event.kind), event, msg_id=event.id)
+
+        await retrying(publish)
 
     def progress_reporter(self, op: str | None, phase: str) -> Callable[[int, int], None]:
         """A thread-safe callback(done, total) that publishes throttled progress for `op`."""

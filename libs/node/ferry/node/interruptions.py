@@ -42,8 +42,10 @@ goes away and comes back is reported again.
 import asyncio
 import contextlib
 import email.utils
+import functools
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +53,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict
 
 from ferry.common.errors import FerryError
@@ -93,7 +96,7 @@ class NoticeSource(Protocol):
         ...
 
 
-# --- a minimal HTTP/1.1 client (one request per connection) ---------------------------------
+# --- HTTP (httpx) -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -112,17 +115,10 @@ class HttpResponse:
             raise MetadataError(f"expected JSON, got {self.text()[:80]!r}") from exc
 
 
-def _dechunk(data: bytes) -> bytes:
-    out = bytearray()
-    while True:
-        size_line, sep, rest = data.partition(b"\r\n")
-        if not sep:
-            raise MetadataError("truncated chunked body")
-        size = int(size_line.split(b";")[0].strip() or b"0", 16)
-        if size == 0:
-            return bytes(out)
-        out += rest[:size]
-        data = rest[size + 2:]
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """Made once: httpx would build one per client (20 ms), and the endpoints are plain http."""
+    return ssl.create_default_context()
 
 
 async def http_request(
@@ -132,50 +128,24 @@ async def http_request(
     body: bytes = b"",
     timeout: float = 2.0,
 ) -> HttpResponse:
-    """One HTTP/1.1 request over a fresh connection (plain http only); MetadataError on failure."""
+    """One HTTP request to a metadata endpoint (plain http only, no proxy: the endpoints are
+    link-local); MetadataError on failure or on a body over 1 MiB."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise MetadataError(f"{url}: only http://host[:port]/path URLs are supported")
-    host, port = parts.hostname, parts.port or 80
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}", "Connection: close",
-             f"Content-Length: {len(body)}"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-    writer = None
     try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(request)
-            await writer.drain()
-            raw = b""
-            while chunk := await reader.read(65536):
-                raw += chunk
-                if len(raw) > _MAX_RESPONSE:
+        async with (httpx.AsyncClient(timeout=timeout, trust_env=False, verify=_tls()) as client,
+                    client.stream(method, url, headers=dict(headers or {}), content=body) as reply):
+            data = bytearray()
+            async for chunk in reply.aiter_bytes():
+                data += chunk
+                if len(data) > _MAX_RESPONSE:
                     raise MetadataError(f"{method} {url}: response larger than {_MAX_RESPONSE} bytes")
-    except TimeoutError as exc:
+    except httpx.TimeoutException as exc:
         raise MetadataError(f"{method} {url}: no answer within {timeout}s") from exc
-    except OSError as exc:
-        raise MetadataError(f"{method} {url}: {exc.strerror or exc}") from exc
-    finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-    head, sep, payload = raw.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    fields = status_line.split(" ", 2)
-    if not sep or len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-        raise MetadataError(f"{method} {url}: not an HTTP response: {status_line[:80]!r}")
-    response_headers = {}
-    for line in header_lines:
-        name, _, value = line.partition(":")
-        response_headers[name.strip().lower()] = value.strip()
-    if response_headers.get("transfer-encoding", "").lower() == "chunked":
-        payload = _dechunk(payload)
-    elif "content-length" in response_headers:
-        payload = payload[: int(response_headers["content-length"])]
-    return HttpResponse(int(fields[1]), response_headers, payload)
+    except httpx.HTTPError as exc:
+        raise MetadataError(f"{method} {url}: {exc}") from exc
+    return HttpResponse(reply.status_code, {k.lower(): v for k, v in reply.headers.items()}, bytes(data))
 
 
 # --- time formats ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import tenacity
+
 from ferry.store.errors import StoreError
 
 T = TypeVar("T")
@@ -33,15 +35,15 @@ def call_with_retries(
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Run ``op``; ``translate`` maps a failure to (the error to raise, whether to try again)."""
-    failures = 0
-    while True:
-        try:
-            return op()
-        except Exception as exc:
-            error, transient = translate(exc)
-            failures += 1
-            if not transient or failures >= policy.attempts:
-                if error is exc:
-                    raise
-                raise error from exc
-            sleep(policy.delay(failures))
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(policy.attempts),
+        wait=lambda state: policy.delay(state.attempt_number),
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, Exception) and translate(exc)[1]),
+        sleep=sleep, reraise=True)
+    try:
+        return retrying(op)
+    except Exception as exc:
+        error, _ = translate(exc)
+        if error is exc:
+            raise
+        raise error from exc

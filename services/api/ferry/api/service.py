@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import tenacity
 from google.protobuf.json_format import MessageToDict
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -108,14 +109,13 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     @staticmethod
     async def _until(deadline: float, attempt: Callable[[], Awaitable[None]]) -> None:
         """`attempt()` until it stops raising BusError, or the last BusError after `deadline`."""
-        while True:
-            try:
-                await attempt()
-                return
-            except BusError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.3)
+
+        async def once() -> None:
+            await attempt()
+
+        await tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(BusError), wait=tenacity.wait_fixed(0.3), reraise=True,
+            stop=lambda _: time.monotonic() > deadline)(once)
 
     async def final_update(self, op: Op) -> pb.OpUpdate:
         """The op's last update. The scheduler writes the job and the checkpoint as they ended

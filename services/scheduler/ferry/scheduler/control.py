@@ -3,9 +3,10 @@ message (failover, evacuation on a notice or a drain, preempt-and-save, parked j
 placement of pending jobs, periodic checkpoints, rebalancing), and the node-state changes that
 start it. State-driven, so a restarted scheduler simply carries on."""
 
-import asyncio
 import time
 from typing import Protocol
+
+import tenacity
 
 from ferry.common import wire
 from ferry.common.bus import CasConflict
@@ -203,7 +204,8 @@ class ControlLoop:
 
     async def set_node_state(self, node_id: str, state: NodeState, **fields: object) -> Node:
         """Compare-and-set of a node's state (its own heartbeat writes the record too)."""
-        for _ in range(20):
+
+        async def attempt() -> Node:
             found = await self.state.bus.nodes.get_rev(node_id)
             if found is None:
                 raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
@@ -211,12 +213,15 @@ class ControlLoop:
             node.state = state
             for key, value in fields.items():
                 setattr(node, key, value)
-            try:
-                self.state.noted_node(node, await self.state.bus.nodes.update(node_id, node, rev))
-                return node
-            except CasConflict:
-                await asyncio.sleep(0.05)
-        raise ConflictError(f"node {node_id} keeps changing; try again")
+            self.state.noted_node(node, await self.state.bus.nodes.update(node_id, node, rev))
+            return node
+
+        try:
+            return await tenacity.AsyncRetrying(
+                retry=tenacity.retry_if_exception_type(CasConflict), stop=tenacity.stop_after_attempt(20),
+                wait=tenacity.wait_fixed(0.05), reraise=True)(attempt)
+        except CasConflict:
+            raise ConflictError(f"node {node_id} keeps changing; try again") from None
 
     async def on_notice(self, ev: wire.NodeEvent) -> None:
         node = self.state.find_node(ev.node)
