@@ -3,6 +3,8 @@
 Nothing here skips: a missing CRIU or NATS fails the tests that need them, in CI and locally.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -12,11 +14,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import grpc
 import pytest
 
 from ferry.common import ports
+from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FERRY_SHARED_DIR", ROOT.parent / "shared"))
@@ -180,3 +184,9 @@ def reference_output(argv: list[str]) -> str:
     if key not in _reference:
         _reference[key] = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
     return _reference[key]
+
+
+def async_stub(channel: grpc.aio.Channel) -> pb_grpc.FerryAdminAsyncStub:
+    """The admin API's stub over an asyncio channel, typed as such (mypy-protobuf types the
+    constructor for both kinds of channel)."""
+    return cast("pb_grpc.FerryAdminAsyncStub", pb_grpc.FerryAdminStub(channel))

@@ -1,5 +1,7 @@
 """With FERRY_TOKEN set, the admin API refuses every call that does not carry it."""
 
+from __future__ import annotations
+
 import asyncio
 import os
 from pathlib import Path
@@ -12,8 +14,7 @@ from ferry.api.service import Api
 from ferry.common.config import Settings
 from ferry.common.ports import free_port
 from ferry.v1 import ferry_pb2 as pb
-from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import BIN
+from tests.conftest import BIN, async_stub
 
 
 async def ferry_cli(addr: str, token: str | None, *args: str) -> tuple[int, str, str]:
@@ -34,7 +35,7 @@ async def test_token_is_required(nats_url: str, tmp_path: Path) -> None:
     try:
         await asyncio.wait_for(api.ready.wait(), 30)
         async with grpc.aio.insecure_channel(settings.addr) as channel:
-            stub = pb_grpc.FerryAdminStub(channel)
+            stub = async_stub(channel)
             for metadata in ((), (("authorization", "Bearer wrong"),)):
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await stub.ListNodes(pb.ListNodesRequest(), metadata=metadata)

@@ -4,6 +4,8 @@ uncorrectable ECC errors is checkpointed and moved; a GPU that fell off the bus 
 from the last checkpoint; no GPU work is placed on an unhealthy GPU. Real NATS and CRIU; the services
 run in this process so that the fake NVML can be handed to them."""
 
+from __future__ import annotations
+
 import asyncio
 import dataclasses
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from ferry.migrator.service import Migrator
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
+from tests.conftest import async_stub
 from tests.gpu_fakes import H100_0, H100_1, FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.criu
@@ -37,7 +40,7 @@ def fake_checkpointer(nvml: FakeNvml) -> type[Checkpointer]:
     return WithFakeNvml
 
 
-async def until(stub: pb_grpc.FerryAdminStub, job: str, check: Callable[[pb.Job], bool], what: str,
+async def until(stub: pb_grpc.FerryAdminAsyncStub, job: str, check: Callable[[pb.Job], bool], what: str,
                 timeout: float = 60) -> pb.Job:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -60,7 +63,7 @@ async def test_gpu_faults_move_jobs_and_keep_gpu_work_away(nats_url: str, tmp_pa
     try:
         await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
         async with grpc.aio.insecure_channel(base.addr) as channel:
-            stub = pb_grpc.FerryAdminStub(channel)
+            stub = async_stub(channel)
             for _ in range(100):
                 nodes = (await stub.ListNodes(pb.ListNodesRequest())).nodes
                 if len(nodes) == 2 and all(n.gpu_list for n in nodes):

@@ -1,6 +1,8 @@
 """The pricing service reads real feed files, keeps the latest prices in KV, publishes an event per
 change, refuses a malformed feed with the file and line named, and keeps the last good prices."""
 
+from __future__ import annotations
+
 import asyncio
 import os
 from pathlib import Path
@@ -16,11 +18,12 @@ from ferry.common.ports import free_port
 from ferry.pricing.service import Pricing
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
+from tests.conftest import async_stub
 
 HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
 
 
-async def prices(stub: pb_grpc.FerryAdminStub) -> dict[tuple[str, str], float]:
+async def prices(stub: pb_grpc.FerryAdminAsyncStub) -> dict[tuple[str, str], float]:
     reply = await stub.ListPrices(pb.ListPricesRequest())
     return {(p.zone, p.market): p.price_per_hour for p in reply.prices}
 
@@ -49,7 +52,7 @@ async def test_feeds_become_prices_and_events(nats_url: str, tmp_path: Path) -> 
     try:
         await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
         async with grpc.aio.insecure_channel(settings.addr) as channel:
-            stub = pb_grpc.FerryAdminStub(channel)
+            stub = async_stub(channel)
 
             async def first_prices() -> bool:
                 return await prices(stub) == {("us-east-1a", "on-demand"): 3.06, ("us-east-1a", "spot"): 0.92}

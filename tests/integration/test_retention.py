@@ -1,6 +1,8 @@
 """The retention policy: with FERRY_KEEP_CHECKPOINTS=2 only a job's two newest checkpoints stay,
 in the store and in `ferry checkpoints`, and chunks no kept checkpoint uses are collected."""
 
+from __future__ import annotations
+
 import asyncio
 from pathlib import Path
 
@@ -16,8 +18,7 @@ from ferry.scheduler.service import Scheduler
 from ferry.store.store import CheckpointStore
 from ferry.store.url import open_backend
 from ferry.v1 import ferry_pb2 as pb
-from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import PY
+from tests.conftest import PY, async_stub
 
 pytestmark = pytest.mark.criu
 
@@ -36,7 +37,7 @@ async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, c
     try:
         await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
         async with grpc.aio.insecure_channel(base.addr) as channel:
-            stub = pb_grpc.FerryAdminStub(channel)
+            stub = async_stub(channel)
             for _ in range(50):
                 if (await stub.ListNodes(pb.ListNodesRequest())).nodes:
                     break

@@ -2,6 +2,8 @@
 with the context carried in gRPC metadata and NATS headers. Services run in this process so that an
 in-memory exporter sees every span; they talk through a real nats-server and dump with real CRIU."""
 
+from __future__ import annotations
+
 import asyncio
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from ferry.common.service import Service
 from ferry.common.tracing import setup_tracing
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
-from ferry.v1 import ferry_pb2_grpc as pb_grpc
+from tests.conftest import async_stub
 
 pytestmark = pytest.mark.criu
 
@@ -32,7 +34,7 @@ async def test_checkpoint_is_one_connected_trace(nats_url: str, tmp_path: Path, 
     try:
         await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
         async with grpc.aio.insecure_channel(base.addr) as channel:
-            stub = pb_grpc.FerryAdminStub(channel)
+            stub = async_stub(channel)
             for _ in range(50):  # the node's first heartbeat
                 if (await stub.ListNodes(pb.ListNodesRequest())).nodes:
                     break

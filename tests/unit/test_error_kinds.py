@@ -47,7 +47,7 @@ def test_an_unknown_kind_is_a_ferry_error_with_the_code_that_came_with_it() -> N
     assert from_kind("NotFoundError", "m", exit_code=1).exit_code == 2  # the kind decides
 
 
-class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
+class FakeRpcError(grpc.RpcError):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         self._code, self._details = code, details
 

@@ -176,7 +176,7 @@ class AllInOne:
         deadline = time.monotonic() + timeout
         channel = grpc.insecure_channel(self.addr)
         token = os.environ.get("FERRY_TOKEN", "")
-        metadata = [("authorization", f"Bearer {token}")] if token else []
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
         stub = pb_grpc.FerryAdminStub(channel)
         try:
             while time.monotonic() < deadline and not self.stopping:

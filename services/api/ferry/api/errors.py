@@ -8,6 +8,8 @@
     any other           UNKNOWN
 """
 
+from __future__ import annotations
+
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,19 +35,19 @@ def status_of(exc: FerryError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Catches what a handler did not: a FerryError never reaches the client as "Unexpected"."""
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
         if handler.unary_unary is not None:
-            inner = handler.unary_unary
+            inner: Any = handler.unary_unary  # an asyncio server's: a coroutine function
 
             async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 try:
@@ -56,7 +58,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=handler.request_deserializer,
                                                        response_serializer=handler.response_serializer)
         if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
+            inner_stream: Any = handler.unary_stream  # an asyncio server's: an async generator
 
             async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
                 try:

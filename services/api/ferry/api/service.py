@@ -420,7 +420,9 @@ class Api(Service):
 
     async def start(self) -> None:
         bus = await self.connect()
-        interceptors = [TokenInterceptor(self.settings.token)] if self.settings.token else []
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if self.settings.token:
+            interceptors.append(TokenInterceptor(self.settings.token))
         interceptors.append(ErrorInterceptor())
         self.server = grpc.aio.server(interceptors=interceptors)
         servicer = AdminServicer(bus, self.settings.api_timeout_s, self.settings.data_dir)
