@@ -23,14 +23,13 @@ and a control API to drive it (used by tests and by `ferry chaos spot-notice` in
     POST /_ferry/clear    withdraws every notice
     GET  /_ferry/state    what is armed, as JSON
 
-Notices show at once (the real services show them about `in_s` ahead). Every connection serves one
-request and closes. Run it alone with ``python -m ferry.sim.metadata_server --port N``: it prints
+Notices show at once (the real services show them about `in_s` ahead). HTTP is aiohttp's; every
+connection serves one request and closes. Run it alone with ``python -m ferry.sim.metadata_server --port N``: it prints
 its base URL on stdout and serves until SIGTERM or SIGINT.
 """
 
 import argparse
 import asyncio
-import contextlib
 import email.utils
 import json
 import logging
@@ -43,8 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
+from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ferry.common.errors import UsageError
@@ -67,8 +67,6 @@ Action = Literal["terminate", "stop", "hibernate"]
 PROVIDERS: tuple[Provider, ...] = ("aws", "gcp", "azure")
 DEFAULT_NOTICE_S: dict[Provider, float] = {"aws": AWS_NOTICE_S, "gcp": GCP_NOTICE_S, "azure": AZURE_NOTICE_S}
 _MAX_BODY = 1 << 20
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 500: "Internal Server Error"}
 
 
 class NoticeRequest(BaseModel):
@@ -124,7 +122,7 @@ class MetadataServer:
         self.port = port
         self.resource_name = resource_name
         self.clock = clock
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
         self._tokens: dict[str, float] = {}
         self._aws_action: tuple[Action, float] | None = None
         self._aws_rebalance: float | None = None  # noticeTime
@@ -136,8 +134,12 @@ class MetadataServer:
 
     async def start(self) -> str:
         """Starts listening; returns the base URL (http://host:port)."""
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        app = web.Application(client_max_size=_MAX_BODY)
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
         log.info("metadata server listening on %s", self.url)
         return self.url
 
@@ -147,10 +149,9 @@ class MetadataServer:
         return f"http://{host}:{self.port}"
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     # --- arming ------------------------------------------------------------------------------
 
@@ -212,51 +213,23 @@ class MetadataServer:
 
     # --- HTTP --------------------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """aiohttp's request as the routes see it, and their answer back."""
         try:
-            request = await asyncio.wait_for(self._read(reader), 10)
-            if request is None:
-                response = _text(400, "bad request\n")
-            else:
-                try:
-                    response = self._route(request)
-                except Exception:
-                    log.exception("%s %s failed", request.method, request.path)
-                    response = _text(500, "internal error\n")
-                log.debug("%s %s -> %s", request.method, request.path, response.status)
-            head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}",
-                    f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}",
-                    "Connection: close", "Server: ferry-metadata"]
-            head += [f"{k}: {v}" for k, v in response.headers]
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body)
-            await writer.drain()
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    @staticmethod
-    async def _read(reader: asyncio.StreamReader) -> _Request | None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-        request_line, *lines = head.split("\r\n")
-        parts = request_line.split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return None
-        headers: dict[str, str] = {}
-        for line in lines:
-            if line:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    return None
-                headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > _MAX_BODY or "transfer-encoding" in headers:
-            return None
-        body = await reader.readexactly(int(length)) if int(length) else b""
-        target = urlsplit(parts[1])
-        return _Request(parts[0].upper(), target.path, parse_qs(target.query), headers, body)
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=400, text="bad request\n")
+        req = _Request(request.method.upper(), request.path, parse_qs(request.query_string),
+                       {k.lower(): v for k, v in request.headers.items()}, body)
+        try:
+            response = self._route(req)
+        except Exception:
+            log.exception("%s %s failed", req.method, req.path)
+            response = _text(500, "internal error\n")
+        log.debug("%s %s -> %s", req.method, req.path, response.status)
+        headers = {"Server": "ferry-metadata", "Connection": "close", **dict(response.headers)}
+        return web.Response(status=response.status, body=response.body, content_type=response.content_type,
+                            headers=headers)
 
     def _route(self, req: _Request) -> _Response:
         path = req.path

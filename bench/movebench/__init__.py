@@ -1,0 +1,1 @@
+"""The pieces of bench/migrate.py, by what each measures."""
