@@ -15,7 +15,10 @@ from ferry.common.errors import ConflictError, NotFoundError, UsageError
 from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Node, NodeState, Op, OpKind, OpState, new_id, now
 from ferry.common.opargs import CheckpointArgs, ColdMove, RestoreArgs
 from ferry.policy import decisions as policy
+from ferry.policy import preemption
 from ferry.policy.views import gpu_trouble, job_view, node_views
+from ferry.scheduler.ops import failover
+from ferry.scheduler.ops.step import Placement, Step
 from ferry.scheduler.state import ClusterState
 
 
@@ -32,6 +35,12 @@ class Actions(Protocol):
         ...
 
     async def send_restore(self, job: Job, op: Op) -> None:
+        ...
+
+    async def placement(self, job: Job, exclude: str | None = None) -> Placement:
+        ...
+
+    async def apply(self, step: Step) -> None:
         ...
 
     async def begin_move(self, job: Job, op: Op, source: Node, target: str) -> None:
@@ -81,30 +90,13 @@ class ControlLoop:
 
     async def failover(self, job: Job, node: Node, why: str = "") -> None:
         """`node` is gone (or `job`'s GPU there): bring `job` back elsewhere from its last
-        checkpoint, or from scratch."""
-        if job.op:
-            await self.state.finish_op(job.op, error=f"node {node.id} was lost during the operation")
-        job.op, job.moving_to = None, None
-        job.incarnation += 1  # fences the copy on the lost node, should it come back
-        lost = why or f"node {node.id} was lost"
-        if not job.last_checkpoint:
-            job.state, job.node, job.restarts = JobState.PENDING, None, job.restarts + 1
-            job.reason = f"{lost}; no checkpoint: starting again from scratch"
-            await self.state.save_job(job, "failover", job.reason)
-            await self.actions.place(job)
-            return
-        target, why = await self.actions.pick_node(job, None, exclude=node.id)
-        if target is None:
-            job.state, job.parked_by = JobState.PREEMPTED, "capacity"
-            job.reason = f"{lost}; waiting for capacity to restore {job.last_checkpoint}: {why}"
-            await self.state.save_job(job, "failover", job.reason)
-            return
-        op = Op(id=new_id("op"), kind=OpKind.RESTORE, job=job.id, state=OpState.RUNNING, phase="restore",
-                checkpoint=job.last_checkpoint, args=RestoreArgs(failover=node.id, target=target))
-        await self.state.save_op(op)
-        job.state, job.op, job.node = JobState.RESTORING, op.id, target
-        await self.state.save_job(job, "failover", f"{lost}; restoring {job.last_checkpoint} on {target}")
-        await self.actions.send_restore(job, op)
+        checkpoint, or from scratch (``ops.failover``)."""
+        in_flight = await self.state.op(job.op) if job.op else None
+        placement = await self.actions.placement(job, exclude=node.id) if job.last_checkpoint else Placement(None)
+        step = failover.on_lost(job, in_flight, node.id, placement, why=why, restore_op=new_id("op"), now=now())
+        await self.actions.apply(step)
+        if step.job.state == JobState.PENDING and step.job.node is None:
+            await self.actions.place(step.job)
 
     async def evacuate(self, job: Job, node: Node) -> None:
         """Moves `job` off a draining or preempted node (final checkpoint, restore elsewhere). When
@@ -132,35 +124,23 @@ class ControlLoop:
         """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
         lower-priority jobs on any node would make room. Jobs already being parked count as gone."""
         t = now()
-        jobs = await self.state.jobs()
-        views = node_views(await self.state.nodes(), [j for j in jobs if j.id != job.id], t,
-                           self.settings.heartbeat_timeout_s)
-        jv = job_view(job, t)
-        for view in sorted((v for v in views if v.usable and v.id != exclude), key=lambda v: v.id):
-            victims = sorted((j for j in jobs if j.node == view.id and j.priority < job.priority
-                              and j.state in (JobState.RUNNING, JobState.CHECKPOINTING)),
-                             key=lambda j: (j.priority, -j.created))
-            free_c, free_m, free_g = view.free_cpus, view.free_memory_bytes, view.free_gpus
-            chosen: list[Job] = []
-            for victim in victims:
-                if free_c >= jv.cpus and free_m >= jv.memory_bytes and free_g >= jv.gpus:
-                    break
-                chosen.append(victim)
-                free_c, free_m, free_g = free_c + victim.cpus, free_m + victim.memory_bytes, free_g + victim.gpus
-            if not chosen or free_c < jv.cpus or free_m < jv.memory_bytes or free_g < jv.gpus:
+        jobs = [j for j in await self.state.jobs() if j.id != job.id]
+        views = node_views(await self.state.nodes(), jobs, t, self.settings.heartbeat_timeout_s)
+        found = preemption.victims(job_view(job, t), jobs, views, exclude)
+        if found is None:
+            return False
+        where, chosen = found
+        for victim in chosen:
+            if victim.op is not None:
                 continue
-            for victim in chosen:
-                if victim.op is not None:
-                    continue
-                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
-                        args=CheckpointArgs(parked_by="capacity",
-                                            reason=f"parked to make room for {job.name} (priority {job.priority})"))
-                await self.state.save_op(op)
-                await self.state.emit(Event(kind="preempting", job=victim.id, node=view.id,
-                                            message=f"parking it for {job.name} (priority {job.priority})"))
-                await self.actions.checkpoint(victim, op, stop=True)
-            return True
-        return False
+            op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
+                    args=CheckpointArgs(parked_by="capacity",
+                                        reason=f"parked to make room for {job.name} (priority {job.priority})"))
+            await self.state.save_op(op)
+            await self.state.emit(Event(kind="preempting", job=victim.id, node=where,
+                                        message=f"parking it for {job.name} (priority {job.priority})"))
+            await self.actions.checkpoint(victim, op, stop=True)
+        return True
 
     async def resume_parked(self, job: Job) -> None:
         target, why = await self.actions.pick_node(job, None)

@@ -28,7 +28,7 @@ from ferry.scheduler.control import ControlLoop
 from ferry.scheduler.effects import Effects
 from ferry.scheduler.ops import checkpoint, live_move, restore
 from ferry.scheduler.ops.live_move import RESENDABLE, live_phase
-from ferry.scheduler.ops.step import Placement, derived_id, next_checkpoint_at
+from ferry.scheduler.ops.step import Placement, Step, derived_id, next_checkpoint_at
 from ferry.scheduler.state import ClusterState
 from ferry.sim.faults import take_live_fault
 
@@ -259,6 +259,9 @@ class Scheduler(Service):
 
     async def send_restore(self, job: Job, op: Op) -> None:
         await self.effects.apply(restore.resend(job, op))
+
+    async def apply(self, step: Step) -> None:
+        await self.effects.apply(step)
 
     async def migrate(self, job: Job, op: Op, *, to: str | None, live: bool, resumed: bool) -> None:
         if resumed:

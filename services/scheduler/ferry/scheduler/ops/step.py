@@ -68,18 +68,11 @@ class Step:
         self.effects.append(Emit(event))
 
     def finish(self, now: float, *, error: str | None = None, error_code: int = 1, **fields: object) -> None:
-        """Ends the op (once: an op that ended stays as it ended)."""
-        if self.op.finished:
-            return
-        for key, value in fields.items():
-            setattr(self.op, key, value)
-        self.op.state = OpState.FAILED if error else OpState.DONE
-        self.op.error = error
-        self.op.error_code = error_code if error else 0
-        self.op.error_kind = ""
-        self.op.total_ms = (now - self.op.created) * 1000
-        self.op.job_record = self.job.model_copy(deep=True)
-        self.save_op()
+        """Ends the op (once: an op that ended stays as it ended), carrying the job as it is now."""
+        done = ended(self.op, now, error=error, error_code=error_code, job=self.job, **fields)
+        if done is not None:
+            self.op = done
+            self.save_op()
 
     def then(self, other: "Step") -> "Step":
         """This step followed by `other` (which started from this one's job and op)."""
@@ -87,6 +80,24 @@ class Step:
 
     def commands(self) -> list[Send]:
         return [e for e in self.effects if isinstance(e, Send)]
+
+
+def ended(op: Op, now: float, *, error: str | None = None, error_code: int = 1, job: Job | None = None,
+          **fields: object) -> Op | None:
+    """`op` as it ends (in `error`, if given), with `job` as the op leaves it; None when it had
+    ended already (an op ends once)."""
+    if op.finished:
+        return None
+    out = op.model_copy(deep=True)
+    for key, value in fields.items():
+        setattr(out, key, value)
+    out.state = OpState.FAILED if error else OpState.DONE
+    out.error = error
+    out.error_code = error_code if error else 0
+    out.error_kind = ""
+    out.total_ms = (now - out.created) * 1000
+    out.job_record = job.model_copy(deep=True) if job is not None else None
+    return out
 
 
 def derived_id(prefix: str, op_id: str) -> str:
