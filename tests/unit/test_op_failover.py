@@ -67,3 +67,18 @@ def test_the_fewest_lowest_priority_jobs_are_parked_on_the_first_node_where_that
     assert [j.id for j in found[1]] == ["j-new", "j-old"]  # youngest first, until 4 CPUs are free
     assert victims(JobView(id="u", priority=10, cpus=8), jobs, views, exclude="a") is None  # never enough
     assert victims(JobView(id="u", priority=1, cpus=2), jobs, views, exclude="a") is None  # no lower priority
+
+
+def test_an_evacuation_moves_the_job_where_it_fits_or_parks_it() -> None:
+    from ferry.common.models import Node, NodeState
+    from ferry.common.opargs import CheckpointArgs
+    from ferry.scheduler.ops import evacuate
+
+    draining = Node(id="a", state=NodeState.DRAINING)
+    op, event = evacuate.plan(job(), draining, Placement("b"), "op-e")
+    assert op.kind == OpKind.MIGRATE and isinstance(op.args, ColdMove)
+    assert (op.args.source, op.args.target, op.args.evacuate) == ("a", "b", "draining")
+    assert event.kind == "evacuating" and "moving to b" in event.message
+    op, event = evacuate.plan(job(), draining, Placement(None, "no node has 2 CPUs free"), "op-e")
+    assert op.kind == OpKind.CHECKPOINT and isinstance(op.args, CheckpointArgs) and op.args.parked_by == "capacity"
+    assert "no node has 2 CPUs free" in (op.args.reason or "") and "parking" in event.message

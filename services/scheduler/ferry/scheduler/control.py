@@ -17,7 +17,7 @@ from ferry.common.opargs import CheckpointArgs, ColdMove, RestoreArgs
 from ferry.policy import decisions as policy
 from ferry.policy import preemption
 from ferry.policy.views import gpu_trouble, job_view, node_views
-from ferry.scheduler.ops import failover
+from ferry.scheduler.ops import evacuate, failover
 from ferry.scheduler.ops.step import Placement, Step
 from ferry.scheduler.state import ClusterState
 
@@ -99,26 +99,20 @@ class ControlLoop:
             await self.actions.place(step.job)
 
     async def evacuate(self, job: Job, node: Node) -> None:
-        """Moves `job` off a draining or preempted node (final checkpoint, restore elsewhere). When
-        nothing can take it, lower-priority jobs elsewhere are parked to make room (preempt-and-save);
-        when that does not help either, `job` itself is parked with its final checkpoint."""
-        target, why = await self.actions.pick_node(job, None, exclude=node.id)
-        if target is None and await self.make_room(job, exclude=node.id):
+        """Moves `job` off a draining or preempted node (``ops.evacuate``). When nothing can take
+        it, lower-priority jobs elsewhere are parked to make room (preempt-and-save); when that does
+        not help either, `job` itself is parked with its final checkpoint."""
+        placement = await self.actions.placement(job, exclude=node.id)
+        if placement.node is None and await self.make_room(job, exclude=node.id):
             return  # the victims are being parked; the next tick moves `job`
-        if target is None:
-            op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id,
-                    args=CheckpointArgs(parked_by="capacity", reason=f"parked: {node.id} is {node.state} and {why}"))
-        else:
-            op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
-                    args=ColdMove(target=target, source=node.id, evacuate=node.state.value))
+        op, event = evacuate.plan(job, node, placement, new_id("op"))
         await self.state.save_op(op)
-        await self.state.emit(Event(kind="evacuating", job=job.id, node=node.id,
-                                    message=f"{node.id} is {node.state}: " + (f"moving to {target}" if target
-                                                                              else "parking (no capacity)")))
-        if target is None:
+        await self.state.emit(event)
+        if placement.node is None:
             await self.actions.checkpoint(job, op, stop=True, resumed=True)
         else:
-            await self.actions.begin_move(job, op, node, target)
+            job.gpu_uuids = list(placement.gpus)  # the GPUs the job gets on its target
+            await self.actions.begin_move(job, op, node, placement.node)
 
     async def make_room(self, job: Job, exclude: str) -> bool:
         """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
