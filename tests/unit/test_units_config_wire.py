@@ -132,3 +132,15 @@ def test_price_feeds_override_a_nodes_declared_price() -> None:
     assert effective_price(node, []) == 0.92
     (view,) = node_views([node], [], now=1001.0, heartbeat_timeout_s=5, prices=feed)
     assert view.price_per_hour == 0.7
+
+
+def test_cluster_events_have_their_subjects_in_wire() -> None:
+    from ferry.common import wire
+
+    assert wire.cluster_event_subject("node_lost", "node-1") == "ferry.evt.cluster.node_lost.node-1"
+    price = wire.cluster_event_subject("price", "us-east-1a.m5_large.spot")
+    assert price == "ferry.evt.cluster.price.us-east-1a_m5_large_spot"
+    assert wire.cluster_event_subject("price_feed_error") == "ferry.evt.cluster.price_feed_error"
+    assert wire.is_user_event(wire.job_event_subject("job-1", "started"))
+    assert wire.is_user_event(wire.cluster_event_subject("node_lost", "n"))
+    assert not wire.is_user_event(wire.node_event_subject("n", "started"))

@@ -5,6 +5,7 @@ Subjects (all under `ferry.`):
     cmd.node.<node>.<service>           scheduler -> checkpointer / migrator commands (work queue)
     evt.node.<node>.<kind>              node services -> scheduler (stream, durable consumer)
     evt.job.<job>.<kind>                scheduler -> anyone (user-visible events)
+    evt.cluster.<kind>[.<key>]          health, pricing -> anyone (a node lost, a price changed)
     progress.<op>                       node -> API progress of a long op (core NATS, not stored)
     rpc.node.<node>.logs                API -> node log reads (core NATS request/reply)
 """
@@ -66,6 +67,22 @@ def node_event_subject(node: str, kind: str) -> str:
 
 def job_event_subject(job: str, kind: str) -> str:
     return f"ferry.evt.job.{token(job)}.{token(kind)}"
+
+
+JOB_EVENTS_PREFIX = "ferry.evt.job."
+CLUSTER_EVENTS_PREFIX = "ferry.evt.cluster."
+
+
+def cluster_event_subject(kind: str, key: str | None = None) -> str:
+    """A cluster-wide event (`ferry events` streams them with the jobs' ones); `key` names what
+    it is about (a node, a price), any dots in it made underscores."""
+    base = f"{CLUSTER_EVENTS_PREFIX}{token(kind)}"
+    return f"{base}.{token(key.replace('.', '_'))}" if key is not None else base
+
+
+def is_user_event(subject: str) -> bool:
+    """Whether `subject` carries an event for people and tools (a job's or the cluster's)."""
+    return subject.startswith((JOB_EVENTS_PREFIX, CLUSTER_EVENTS_PREFIX))
 
 
 def progress_subject(op: str) -> str:

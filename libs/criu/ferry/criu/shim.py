@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from ferry.common.errors import UsageError
 from ferry.criu.binary import find_criu
 from ferry.criu.external import is_external_key
 from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
@@ -51,7 +52,7 @@ log = logging.getLogger("ferry.criu.shim")
 Report = Callable[[dict[str, Any]], None]
 
 
-class Refused(Exception):
+class Refused(UsageError):
     """Invalid request, found before anything started."""
 
 

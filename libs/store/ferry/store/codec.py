@@ -11,6 +11,8 @@ import threading
 
 import zstandard
 
+from ferry.store.errors import StoreError
+
 RAW = 0
 ZSTD = 1
 MIN_SAVING = 0.03
@@ -19,7 +21,7 @@ _SAMPLE_SLICES = 8
 _SAMPLE_SLICE = 4096
 
 
-class UndecodableChunk(ValueError):
+class UndecodableChunk(StoreError):
     """Stored bytes that do not decode to a chunk of the expected size."""
 
 

@@ -6,6 +6,8 @@
         ├── ChunkCorrupt                a chunk is missing, undecodable or fails its hash: the
         │                               checkpoint that needs it cannot be restored
         ├── ManifestCorrupt             a manifest is unreadable, fails its digest or is invalid
+        ├── UndecodableChunk            (ferry.store.codec) stored bytes that are no chunk: the reader
+        │                               reports the chunk as corrupt
         └── BackendUnavailable          the backend cannot be reached or refuses to work (network,
                                         credentials, a full disk); retrying later may help
 

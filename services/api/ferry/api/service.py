@@ -298,7 +298,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=10_000)
 
         async def on_event(msg: Msg) -> None:
-            if msg.subject.startswith("ferry.evt.job.") or msg.subject.startswith("ferry.evt.cluster."):
+            if wire.is_user_event(msg.subject):
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(msg.data)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 
+from ferry.common import wire
 from ferry.common.models import Event, NodeState, now
 from ferry.common.service import Service, service_main
 
@@ -71,7 +72,7 @@ class Health(Service):
                 with contextlib.suppress(Exception):  # the node beat meanwhile: it is alive after all
                     await self.bus.nodes.update(key, node, rev)
                     log.warning("node %s lost: no heartbeat for %.1fs", node.id, silent)
-                    await self.bus.publish(f"ferry.evt.cluster.node_lost.{node.id}",
+                    await self.bus.publish(wire.cluster_event_subject("node_lost", node.id),
                                            Event(kind="node_lost", node=node.id,
                                                  message=f"no heartbeat for {silent:.1f}s"))
 

@@ -11,6 +11,7 @@ import logging
 import re
 from pathlib import Path
 
+from ferry.common import wire
 from ferry.common.errors import FerryError
 from ferry.common.models import Event, PriceRecord
 from ferry.common.service import Service, service_main
@@ -65,13 +66,13 @@ class Pricing(Service):
             points = await asyncio.to_thread(load_feed, path)
         except FerryError as exc:
             log.error("price feed refused: %s", exc)
-            await self.bus.publish("ferry.evt.cluster.price_feed_error",
+            await self.bus.publish(wire.cluster_event_subject("price_feed_error"),
                                    Event(kind="price_feed_error", message=str(exc)))
             return
         changed = self.book.add(points)
         for p in changed:
             await self.bus.prices.put(price_key(p), to_record(p))
-            await self.bus.publish(f"ferry.evt.cluster.price.{price_key(p).replace('.', '_')}",
+            await self.bus.publish(wire.cluster_event_subject("price", price_key(p)),
                                    Event(kind="price", message=f"{p.zone} {p.instance_type} {p.market}: "
                                                               f"{p.price_per_hour:.4f}/h",
                                          data=to_record(p).model_dump()))
