@@ -52,7 +52,7 @@ from ferry.criu.images import read_dump_stats
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch
 from ferry.criu.linux import is_gone, ns_pids
-from ferry.criu.runner import CriuRunner
+from ferry.criu.runner import DUMP_MOUNTS, CriuRunner
 from ferry.node.base import workload_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +210,9 @@ class Bench:
         self.raw_pids.add(info.pid)
         wait_for(lambda: is_ready(jd.stdout), 300, f"raw memhog {tag} to print ready ({jd.stdout})")
         self.settle()
-        argv = [self.criu, "dump", "-t", str(info.pid), "-D", str(images), "-o", "dump.log", "-v4", "--leave-running"]
+        # the job has its own mount namespace, as Ferry runs it: its host's mounts are external
+        argv = [self.criu, "dump", "-t", str(info.pid), "-D", str(images), "-o", "dump.log", "-v4", "--leave-running",
+                *DUMP_MOUNTS]
         t0 = time.monotonic()
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
         wall = time.monotonic() - t0

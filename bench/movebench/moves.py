@@ -27,7 +27,7 @@ from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch
 from ferry.criu.lazy import LiveMove
 from ferry.criu.linux import is_gone, ns_pids
-from ferry.criu.runner import CriuRunner
+from ferry.criu.runner import DUMP_MOUNTS, CriuRunner
 from ferry.node.base import workload_env
 from movebench.workload import (
     FERRY,
@@ -212,7 +212,9 @@ class Bench:
         dst_img.mkdir(parents=True)
         t0 = time.time()
         await self.criu_run(
-            [self.criu, "dump", "-t", str(pid), "-D", str(src_img), "-o", "dump.log", "-v4"], src_img / "dump.log"
+            # the job has its own mount namespace, as Ferry runs it: its host's mounts are external
+            [self.criu, "dump", "-t", str(pid), "-D", str(src_img), "-o", "dump.log", "-v4", *DUMP_MOUNTS],
+            src_img / "dump.log",
         )
         t_dumped = time.time()
         await await_for(lambda: is_gone(pid), 30, f"the dumped pid {pid} to end")
