@@ -26,7 +26,7 @@ from ferry.policy import decisions as policy
 from ferry.policy.views import gpu_assignments, job_view, node_views, wants_live
 from ferry.scheduler.control import ControlLoop
 from ferry.scheduler.effects import Effects
-from ferry.scheduler.ops import checkpoint, live_move, restore
+from ferry.scheduler.ops import checkpoint, live_move, restore, run
 from ferry.scheduler.ops.live_move import RESENDABLE, live_phase
 from ferry.scheduler.ops.step import Placement, Step, derived_id, next_checkpoint_at
 from ferry.scheduler.state import ClusterState
@@ -152,26 +152,20 @@ class Scheduler(Service):
                                         f"{other.state}); pick another name")
             if spec.node:
                 await self.state.node(spec.node)
-            job = spec.to_job(job_id, op.id)
-            await self.state.save_job(job, "submitted")
-        op.job = job.id
-        op.state = OpState.RUNNING
-        await self.state.save_op(op)
+            created = run.submit(spec, job_id, op)
+            await self.effects.apply(created)
+            job = created.job
+        accepted = run.accept(job, op)
+        await self.effects.apply(accepted)
         if job.state == JobState.PENDING:
             await self.place(job)
 
     async def place(self, job: Job) -> bool:
         """Sends a pending job to a node; False (with the reason on the job) when none fits."""
-        target, why = await self.pick_node(job, job.requested_node)
-        if target is None:
-            return await self._wait_pending(job, why)
-        job.incarnation += 1
-        job.node = target
-        job.reason = None
-        await self.state.save_job(job)
-        await self.send_node(job, "checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job,
-                                                                     incarnation=job.incarnation))
-        return True
+        placement = await self.placement(job, wanted=job.requested_node)
+        op = await self.state.op(job.op) if job.op else None
+        await self.effects.apply(run.place(job, op, placement, now()))
+        return placement.node is not None
 
     async def pick_node(self, job: Job, wanted: str | None, exclude: str | None = None) -> tuple[str | None, str]:
         """The node `job` should go to now (the policy's pick, or `wanted` if it can take it),
@@ -206,32 +200,8 @@ class Scheduler(Service):
         job.gpu_uuids = fit if isinstance(fit, list) else []
         return best.id, ""
 
-    async def _wait_pending(self, job: Job, reason: str) -> bool:
-        if job.reason != reason:
-            job.reason = reason
-            await self.state.save_job(job, "pending", reason)
-        op_id, job.op = job.op, None
-        await self.state.finish_op(op_id, job=job)  # the submit is accepted; the job starts when it fits
-        await self.state.save_job(job)
-        return False
-
     async def kill(self, job: Job, op: Op, grace_s: float) -> None:
-        if job.terminal:
-            await self.state.finish_op(op.id, job=job)
-            return
-        if job.state in (JobState.PENDING, JobState.PREEMPTED) or not job.node:
-            job.state = JobState.KILLED
-            job.kill_requested = True
-            await self.state.save_job(job, "killed")
-            await self.state.finish_op(op.id, job=job)
-            return
-        job.kill_requested = True
-        job.kill_op = op.id
-        await self.state.save_job(job)
-        op.state = OpState.RUNNING
-        await self.state.save_op(op)
-        await self.send_node(job, "checkpointer", wire.NodeCommand(
-            kind="kill", op=op.id, job=job, incarnation=job.incarnation, grace_s=grace_s))
+        await self.effects.apply(run.kill(job, op, grace_s, now()))
 
     async def checkpoint(self, job: Job, op: Op, *, stop: bool, resumed: bool = False) -> None:
         if not resumed:
@@ -333,10 +303,10 @@ class Scheduler(Service):
         assert cmd.job.node == job.node
         await self.effects.send(service, cmd)
 
-    async def placement(self, job: Job, exclude: str | None = None) -> Placement:
+    async def placement(self, job: Job, exclude: str | None = None, wanted: str | None = None) -> Placement:
         """Where `job` could go now (``pick_node`` without touching `job`)."""
         probe = job.model_copy(deep=True)
-        target, why = await self.pick_node(probe, None, exclude=exclude)
+        target, why = await self.pick_node(probe, wanted, exclude=exclude)
         return Placement(target, why, tuple(probe.gpu_uuids) if target else ())
 
     # ---- reports from the nodes ------------------------------------------------------------
@@ -372,20 +342,12 @@ class Scheduler(Service):
                     await self.on_live_event(job, ev)
 
     async def on_started(self, job: Job, ev: wire.NodeEvent) -> None:
-        if job.state != JobState.PENDING:
-            return
-        job.state, job.node, job.reason = JobState.RUNNING, ev.node, None
-        job.next_checkpoint_at = next_checkpoint_at(job, now())
-        op_id, job.op = job.op, None
-        await self.state.save_job(job, "started", f"on {ev.node} (pid {ev.pid})")
-        await self.state.finish_op(op_id, job=job)
+        op = await self.state.op(job.op) if job.op else None
+        await self.effects.apply(run.on_started(job, op, ev, now()))
 
     async def on_launch_failed(self, job: Job, ev: wire.NodeEvent) -> None:
-        job.state, job.error = JobState.FAILED, ev.error
-        op_id, job.op = job.op, None
-        await self.state.save_job(job, "failed", ev.error or "")
-        await self.state.finish_op(op_id, error=ev.error or "the job could not start", error_code=ev.error_code,
-                                   job=job)
+        op = await self.state.op(job.op) if job.op else None
+        await self.effects.apply(run.on_launch_failed(job, op, ev, now()))
 
     async def on_exited(self, job: Job, ev: wire.NodeEvent) -> None:
         if ev.by_checkpoint or job.terminal:
@@ -401,22 +363,8 @@ class Scheduler(Service):
             await self.effects.apply(step)
             if code != 0:
                 return
-        job.exit_code = code
-        if job.kill_requested:
-            job.state = JobState.KILLED
-        else:
-            job.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
-        op_id, job.op = job.op, None
-        kill_op, job.kill_op = job.kill_op, None
-        detail = f"exit code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
-        await self.state.save_job(job, "exited", detail)
-        await self.state.finish_op(kill_op, job=job)
-        if op_id:
-            if op is not None and op.kind == OpKind.SUBMIT:
-                await self.state.finish_op(op_id, job=job)  # it started and already ended: the submit worked
-            else:
-                await self.state.finish_op(op_id, error=f"job {job.name} exited ({detail}) during the "
-                                                        f"{op.kind if op else 'operation'}", job=job)
+        kill_op = await self.state.op(job.kill_op) if job.kill_op else None
+        await self.effects.apply(run.on_exited(job, op, kill_op, ev, now()))
 
     async def on_checkpoint(self, job: Job, ev: wire.NodeEvent) -> None:
         record = ev.checkpoint

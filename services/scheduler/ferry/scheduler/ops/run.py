@@ -1,0 +1,121 @@
+"""A job's own life: placed and launched, started, killed, exited.
+
+    submit    the job record from its spec (the shell checks the name is free and the node known)
+    place     a pending job goes to its placement's node (launch, incarnation + 1), or waits with
+              the reason; either way its submit op is done: the request was accepted
+    started   the node runs it; launch_failed: it could not start (the op ends in the error)
+    kill      a job that is not running anywhere is killed at once; a running one is killed on
+              its node, and the kill op ends when the job's exit is reported
+    exited    the job ended on its node: succeeded, failed, or killed when a kill was asked; the op
+              in flight, if any, ends (a submit as done: it ran)
+"""
+
+from ferry.common import wire
+from ferry.common.models import Job, JobState, Op, OpKind, OpState
+from ferry.scheduler.ops.step import Placement, SaveOp, Step, ended, next_checkpoint_at
+
+
+def _none(job: Job, kind: OpKind = OpKind.SUBMIT) -> Op:
+    """An op that has ended already: what a step stands on when the job has no op in flight."""
+    return Op(id=job.op or "none", kind=kind, job=job.id, state=OpState.DONE)
+
+
+def submit(spec: wire.JobSpec, job_id: str, op: Op) -> Step:
+    s = Step.of(spec.to_job(job_id, op.id), op)
+    s.save_job("submitted")
+    return s
+
+
+def accept(job: Job, op: Op) -> Step:
+    """The submit op runs (the job is recorded; it starts when it is placed)."""
+    s = Step.of(job, op)
+    s.op.job, s.op.state = job.id, OpState.RUNNING
+    s.save_op()
+    return s
+
+
+def place(job: Job, op: Op | None, placement: Placement, now: float) -> Step:
+    """A pending job (`op`: its submit, if still running) to the placement's node, or waiting."""
+    s = Step.of(job, op or _none(job))
+    job = s.job
+    if placement.node is None:
+        changed = job.reason != placement.why or job.op is not None
+        if job.reason != placement.why:
+            job.reason = placement.why
+            s.save_job("pending", placement.why)
+        job.op = None
+        s.finish(now)  # the submit is accepted: the job starts when it fits
+        if changed:
+            s.save_job()
+        return s
+    job.incarnation += 1
+    job.node, job.reason = placement.node, None
+    job.gpu_uuids = list(placement.gpus)
+    s.save_job()
+    s.send("checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job.model_copy(deep=True),
+                                            incarnation=job.incarnation))
+    return s
+
+
+def on_started(job: Job, op: Op | None, ev: wire.NodeEvent, now: float) -> Step | None:
+    if job.state != JobState.PENDING:
+        return None
+    s = Step.of(job, op or _none(job))
+    job = s.job
+    job.state, job.node, job.reason = JobState.RUNNING, ev.node, None
+    job.next_checkpoint_at = next_checkpoint_at(job, now)
+    job.op = None
+    s.save_job("started", f"on {ev.node} (pid {ev.pid})")
+    s.finish(now)
+    return s
+
+
+def on_launch_failed(job: Job, op: Op | None, ev: wire.NodeEvent, now: float) -> Step:
+    s = Step.of(job, op or _none(job))
+    s.job.state, s.job.error, s.job.op = JobState.FAILED, ev.error, None
+    s.save_job("failed", ev.error or "")
+    s.finish(now, error=ev.error or "the job could not start", error_code=ev.error_code)
+    return s
+
+
+def kill(job: Job, op: Op, grace_s: float, now: float) -> Step:
+    s = Step.of(job, op)
+    job, op = s.job, s.op
+    if job.terminal:
+        s.finish(now)
+        return s
+    if job.state in (JobState.PENDING, JobState.PREEMPTED) or not job.node:
+        job.state, job.kill_requested = JobState.KILLED, True
+        s.save_job("killed")
+        s.finish(now)
+        return s
+    job.kill_requested, job.kill_op = True, op.id
+    s.save_job()
+    op.state = OpState.RUNNING
+    s.save_op()
+    s.send("checkpointer", wire.NodeCommand(kind="kill", op=op.id, job=job.model_copy(deep=True),
+                                            incarnation=job.incarnation, grace_s=grace_s))
+    return s
+
+
+def on_exited(job: Job, op: Op | None, kill_op: Op | None, ev: wire.NodeEvent, now: float) -> Step:
+    """The job ended on its node (not by a checkpoint, not a live move's target: see
+    ``live_move.on_target_exited``). `op`: the op in flight; `kill_op`: the kill waiting for it."""
+    s = Step.of(job, op or _none(job))
+    job = s.job
+    code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
+    job.exit_code = code
+    if job.kill_requested:
+        job.state = JobState.KILLED
+    else:
+        job.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+    job.op, job.kill_op = None, None
+    detail = f"exit code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
+    s.save_job("exited", detail)
+    if kill_op is not None and (done := ended(kill_op, now, job=job)) is not None:
+        s.effects.append(SaveOp(done))
+    if op is not None and op.kind == OpKind.SUBMIT:
+        s.finish(now)  # it started and already ended: the submit worked
+    elif op is not None:
+        s.finish(now, error=f"job {job.name} exited ({detail}) during the {op.kind}")
+    return s
