@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, WORKLOADS, Cluster, reference_output, wait_until
+from tests.conftest import PY, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -158,3 +158,21 @@ def test_ps_and_kill(cluster: Cluster) -> None:
     assert "sleeper" in {j["name"] for j in cluster.json("ps", "-a")}
     waited = cluster.ferry("wait", "sleeper", check=False)
     assert waited.returncode == 137
+
+
+def test_a_stopped_cluster_leaves_no_scratch_behind(tmp_path: Path) -> None:
+    """The nodes' scratch folders are in /dev/shm (memory): a dump or restore a killed service left
+    there would hold that memory until the host reboots, so `ferry up` removes them as it stops."""
+    from ferry.node.base import scratch_dir
+
+    c = start_cluster(tmp_path / "ferry", nodes=1)
+    try:
+        c.json("run", "--name", "scratch-job", "--", "sh", "-c", "while true; do echo x; sleep 0.05; done")
+        c.wait_lines("scratch-job", 3)
+        c.json("checkpoint", "scratch-job")
+        scratch = scratch_dir("", (tmp_path / "ferry" / "nodes" / "node-1").resolve(), "node-1")
+        assert scratch.is_dir()
+        (scratch / "restore-left-by-a-killed-migrator").mkdir()
+    finally:
+        stop_cluster(c)
+    assert not scratch.exists()

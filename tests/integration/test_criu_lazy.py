@@ -239,3 +239,44 @@ async def test_source_resumes_when_the_pages_stop_coming(tmp_path: Path, pids: l
     out = rounds(src.stdout)
     assert out == reference(script, len(out))
     assert running_copies(script) == [pid]
+
+
+def restores_of(images: Path) -> list[int]:
+    """``criu restore`` processes reading ``images``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"restore" in cmdline[1:2] and os.fsencode(images) in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_memory_source_gone_before_the_target_restores_fails_the_move_at_once(
+        tmp_path: Path, pids: list[int]) -> None:
+    """A page server that dies before the target's restore is done once left ``criu restore``
+    waiting for a page forever (and the move for its 120 s timeout): the restore is given up as
+    soon as the lazy-pages daemon fails, and nothing of it is left running."""
+    src, dst = JobDir(tmp_path / "a"), JobDir(tmp_path / "b")
+    _, pid = await start_memhog(tmp_path, src, pids)
+    move: LiveMove
+
+    async def copy_then_lose_the_source(from_dir: Path, to_dir: Path) -> int:
+        n = await copy_images(from_dir, to_dir)
+        await move._src.dump.kill()  # the source's page server goes away before the target asks
+        return n
+
+    move = LiveMove(src, pid, dst, source_images=tmp_path / "a-images", target_images=tmp_path / "b-images",
+                    incarnation=2, copy=copy_then_lose_the_source)
+    t0 = time.monotonic()
+    with pytest.raises(LiveMoveFailed) as failed:
+        await move.switch()
+    assert time.monotonic() - t0 < 30, "the move waited for a page that cannot come"
+    target = dst.read_shim()
+    assert failed.value.source_running and (target is None or is_gone(target.pid))
+    await wait_for("no restore left", lambda: not restores_of(tmp_path / "b-images"), timeout_s=10)
+    assert lazy_daemons(tmp_path / "b-images") == []

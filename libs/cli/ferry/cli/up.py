@@ -27,6 +27,7 @@ from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
 from ferry.common.ports import free_port
 from ferry.criu.jobdir import JobDir
+from ferry.node.base import scratch_dir
 from ferry.node.procs import signal_tree
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
@@ -341,7 +342,16 @@ class AllInOne:
                     server.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     server.stop(signal.SIGKILL)
+        self.remove_scratch()
         print(f"ferry: stopped ({killed} workloads ended)", flush=True)
+
+    def remove_scratch(self) -> None:
+        """The nodes' scratch folders (in /dev/shm: memory) go with the cluster: a restore or dump
+        that a killed service left there would otherwise hold that memory until the host reboots."""
+        configured = os.environ.get("FERRY_SCRATCH_DIR", "")
+        for node in self.nodes:
+            shutil.rmtree(scratch_dir(configured, (self.data_dir / "nodes" / node).resolve(), node),
+                          ignore_errors=True)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

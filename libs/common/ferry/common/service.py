@@ -158,6 +158,8 @@ def service_main(cls: type[Service], argv: Sequence[str] | None = None, *, node:
         level=settings.log_level.upper(),
         format=f"%(asctime)s {cls.name}[{settings.node_id or '-'}] %(levelname)s %(name)s: %(message)s",
     )
+    for chatty in ("httpx", "httpcore"):  # one INFO line per metadata poll, several a second
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.check:
         try:
             ok = asyncio.run(check(settings, cls.name))

@@ -99,6 +99,17 @@ class JobDir:
         return self.path / "exit.json"
 
     @property
+    def monitor_file(self) -> Path:
+        """The process group of the shim's monitor (written as it starts, before it reports)."""
+        return self.path / "monitor.pgid"
+
+    def read_monitor_group(self) -> int | None:
+        try:
+            return int(self.monitor_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @property
     def shim_log(self) -> Path:
         return self.path / "shim.log"
 
@@ -120,7 +131,7 @@ class JobDir:
 
     def clear_run_state(self) -> None:
         """Forget the previous run (shim.json, exit.json) before a new one starts."""
-        for path in (self.exit_file, self.shim_file):
+        for path in (self.exit_file, self.shim_file, self.monitor_file):
             try:
                 path.unlink()
             except FileNotFoundError:

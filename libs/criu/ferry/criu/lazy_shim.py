@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -75,6 +78,7 @@ class ArmedRestore:
         self.cmd = cmd
         self._proc: asyncio.subprocess.Process | None = None
         self._tail: asyncio.Future[tuple[bytes, bytes]] | None = None
+        self._reported = False  # the restore reported the workload running: its monitor stays
 
     @property
     def log_path(self) -> str:
@@ -82,8 +86,9 @@ class ArmedRestore:
 
     async def arm(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Start the starter and wait until it is loaded."""
+        # a session of its own: cancel() can take down the starter with the criu restore it runs
         proc = await asyncio.create_subprocess_exec(
-            *self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            *self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
         self._proc = proc
         assert proc.stdout is not None
@@ -135,6 +140,7 @@ class ArmedRestore:
         info = self.job_dir.read_shim()
         if info is None or info.pid != reply.pid or info.shim_pid != reply.shim_pid:
             raise RestoreFailed(f"the shim reported pid {reply.pid} but {self.job_dir.shim_file} says {info}")
+        self._reported = True
         return info
 
     async def reap(self) -> None:
@@ -143,18 +149,27 @@ class ArmedRestore:
             await self._tail
 
     async def cancel(self) -> None:
-        """Stop a starter that has not gone (it has started nothing)."""
+        """Stop the starter: one that has not gone exits on EOF (it started nothing); one that went
+        is killed with the criu restore it runs (a restore whose memory source went away can wait
+        forever for a page), which takes the half-restored tree with it."""
         proc = self._proc
-        if proc is None or proc.returncode is not None:
+        if proc is None:
             return
-        if proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.close()  # EOF: an armed starter exits without doing anything
-        try:
-            async with asyncio.timeout(5.0):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        went = proc.stdin is None or proc.stdin.is_closing()
+        if proc.returncode is None:
+            if not went and proc.stdin is not None:
+                proc.stdin.close()  # EOF: an armed starter exits without doing anything
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5 if went else 5.0):
+                    await proc.wait()
+        groups = {proc.pid} if went or proc.returncode is None else set()
+        monitor = self.job_dir.read_monitor_group()
+        if went and not self._reported and monitor is not None and monitor != os.getpgrp():
+            groups.add(monitor)  # the monitor it forked, and the criu restore that one still runs
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        await proc.wait()
 
 
 def _runner_with(extra: Sequence[str]) -> type[CriuRunner]:

@@ -14,6 +14,8 @@ of a caller that died midway can finish the move (``ferry.criu.lazy_record``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -38,6 +40,9 @@ from ferry.criu.progress import FirstWrite
 from ferry.criu.runner import kill_tree
 
 __all__ = ["LazyTarget"]
+
+RESTORE_GRACE_S = 2.0
+"""How long a restore whose lazy-pages daemon failed may still report its own outcome."""
 
 log = logging.getLogger("ferry.criu.lazy")
 
@@ -104,7 +109,7 @@ class LazyTarget:
             self._record()
             self.watch = FirstWrite([self.job_dir.stdout, self.job_dir.stderr])
             self.watch.start()
-            self.shim = await self.restore.go(self.timeout_s)
+            self.shim = await self._restore_while_served()
             self.running_at = time.time()
             self._record(shim_pid=self.shim.pid, running_at=self.running_at)
             self.restore_ms = (time.monotonic() - t0) * 1000
@@ -113,6 +118,30 @@ class LazyTarget:
             await self.kill()
             raise
         return self.shim
+
+    async def _restore_while_served(self) -> ShimInfo:
+        """The restore, given up at once when the lazy-pages daemon fails first: with its memory
+        source gone the restore would wait for a page forever."""
+        go = asyncio.ensure_future(self.restore.go(self.timeout_s))
+        gone = asyncio.ensure_future(self.lazy.wait())
+        try:
+            await asyncio.wait({go, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if go.done() or not gone.done() or gone.cancelled() or gone.result() == 0:
+            return await go  # done, or every page arrived before the restore reported
+        # the daemon also fails when the restore does (it loses its peer): the restore's own
+        # error, if it has one within a moment, says more
+        await asyncio.wait({go}, timeout=RESTORE_GRACE_S)
+        if go.done():
+            return await go
+        go.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await go
+        excerpt, reason = self.lazy.failure()
+        raise RestoreFailed(f"criu lazy-pages exited ({gone.result()}) before the restore was done, so the "
+                            f"memory source went away: {reason}", log_excerpt=excerpt,
+                            log_path=str(self.lazy.log_path))
 
     async def wait_local(self, timeout_s: float | None = 600.0) -> int | None:
         """Wait until every page is here; return how many came lazily. LiveMoveFailed when the

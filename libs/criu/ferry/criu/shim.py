@@ -23,6 +23,7 @@ restarted; that service finds the job again through shim.json and exit.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -184,6 +185,8 @@ def _monitor_main(job_dir: JobDir, w: int, monitor: Callable[[Report], int]) -> 
     os.close(devnull)
     os.close(logfd)
     os.chdir("/")
+    with contextlib.suppress(OSError):  # who to kill when the starter gives up on an unfinished restore
+        job_dir.monitor_file.write_text(str(os.getpgrp()))
     for sig in (signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(
