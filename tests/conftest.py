@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,13 +158,21 @@ def start_cluster(
 
 
 def stop_cluster(cluster: Cluster) -> None:
-    cluster.proc.send_signal(signal.SIGTERM)
+    """Stops the cluster as an operator does (SIGTERM), then removes its data dir and the cluster
+    file beside it: a cluster's store holds its checkpoints (GBs), and CI runs on a machine that
+    keeps /tmp between runs."""
     try:
-        out, _ = cluster.proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        cluster.proc.kill()
-        raise
-    assert cluster.proc.returncode == 0, out
+        cluster.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = cluster.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            cluster.proc.kill()
+            cluster.proc.wait()
+            raise
+        assert cluster.proc.returncode == 0, out
+    finally:
+        shutil.rmtree(cluster.data_dir, ignore_errors=True)
+        cluster.data_dir.parent.joinpath(f"{cluster.data_dir.name}.yaml").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ The whole cluster (NATS' stores, the checkpoint store, the nodes' work directori
 output) lives on a 320 MiB tmpfs of its own, which the test then fills to the last byte.
 """
 
+import contextlib
 import errno
 import subprocess
 import tempfile
@@ -31,6 +32,8 @@ def small_disk() -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+        with contextlib.suppress(OSError):
+            mount.rmdir()
 
 
 def fill(path: Path) -> int:
