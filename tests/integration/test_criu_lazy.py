@@ -199,8 +199,8 @@ async def test_failed_restore_leaves_the_source_running(tmp_path: Path, pids: li
     assert running_copies(script) == [pid]
 
 
-def lazy_daemons(images: Path) -> list[int]:
-    """``criu lazy-pages`` processes serving ``images``."""
+def criu_processes(command: bytes, images: Path) -> list[int]:
+    """``criu <command>`` processes working on ``images``."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -209,9 +209,14 @@ def lazy_daemons(images: Path) -> list[int]:
             cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"lazy-pages" in cmdline[1:2] and os.fsencode(images) in cmdline:
+        if command in cmdline[1:2] and os.fsencode(images) in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def lazy_daemons(images: Path) -> list[int]:
+    """``criu lazy-pages`` processes serving ``images``."""
+    return criu_processes(b"lazy-pages", images)
 
 
 async def test_source_resumes_when_the_pages_stop_coming(tmp_path: Path, pids: list[int]) -> None:
@@ -243,17 +248,7 @@ async def test_source_resumes_when_the_pages_stop_coming(tmp_path: Path, pids: l
 
 def restores_of(images: Path) -> list[int]:
     """``criu restore`` processes reading ``images``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"restore" in cmdline[1:2] and os.fsencode(images) in cmdline:
-            found.append(int(entry.name))
-    return found
+    return criu_processes(b"restore", images)
 
 
 async def test_a_memory_source_gone_before_the_target_restores_fails_the_move_at_once(

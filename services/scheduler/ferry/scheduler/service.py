@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from ferry.common import wire
 from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError, kind_of
-from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, Op, OpKind, OpState, now
+from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, Op, OpKind, now
 from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, Plain, RestoreArgs
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
@@ -28,7 +28,7 @@ from ferry.scheduler.control import ControlLoop
 from ferry.scheduler.effects import Effects
 from ferry.scheduler.ops import checkpoint, live_move, restore, run
 from ferry.scheduler.ops.live_move import RESENDABLE, live_phase
-from ferry.scheduler.ops.step import Placement, Step, derived_id, next_checkpoint_at
+from ferry.scheduler.ops.step import Placement, Step, derived_id, next_checkpoint_at, no_op
 from ferry.scheduler.state import ClusterState
 from ferry.sim.faults import take_live_fault
 
@@ -374,7 +374,7 @@ class Scheduler(Service):
         op = await self.state.op(ev.op) if ev.op else None
         ours = job.op is not None and job.op == ev.op
         if ours and op is None:  # its record is gone: end the job's part of it all the same
-            op = Op(id=ev.op or "", kind=OpKind.CHECKPOINT, job=job.id, state=OpState.DONE)
+            op = no_op(job, OpKind.CHECKPOINT)
         for gone in ev.deleted_checkpoints:  # the node's retention policy removed these from the store
             if gone != record.id:
                 await self.state.bus.checkpoints.delete(wire.ckpt_key(job.id, gone))
@@ -419,7 +419,7 @@ class Scheduler(Service):
     async def _op_of(self, job: Job, kind: OpKind) -> Op:
         """The job's op; one that has ended already (changing nothing) when its record is gone."""
         op = await self.state.op(job.op) if job.op else None
-        return op or Op(id=job.op or "none", kind=kind, job=job.id, state=OpState.DONE)
+        return op or no_op(job, kind)
 
     async def on_live_event(self, job: Job, ev: wire.NodeEvent) -> None:
         """The reports of a live move's two halves (``ferry.scheduler.ops.live_move``)."""

@@ -12,12 +12,7 @@
 
 from ferry.common import wire
 from ferry.common.models import Job, JobState, Op, OpKind, OpState
-from ferry.scheduler.ops.step import Placement, SaveOp, Step, ended, next_checkpoint_at
-
-
-def _none(job: Job, kind: OpKind = OpKind.SUBMIT) -> Op:
-    """An op that has ended already: what a step stands on when the job has no op in flight."""
-    return Op(id=job.op or "none", kind=kind, job=job.id, state=OpState.DONE)
+from ferry.scheduler.ops.step import Placement, SaveOp, Step, ended, next_checkpoint_at, no_op
 
 
 def submit(spec: wire.JobSpec, job_id: str, op: Op) -> Step:
@@ -36,7 +31,7 @@ def accept(job: Job, op: Op) -> Step:
 
 def place(job: Job, op: Op | None, placement: Placement, now: float) -> Step:
     """A pending job (`op`: its submit, if still running) to the placement's node, or waiting."""
-    s = Step.of(job, op or _none(job))
+    s = Step.of(job, op or no_op(job))
     job = s.job
     if placement.node is None:
         changed = job.reason != placement.why or job.op is not None
@@ -60,7 +55,7 @@ def place(job: Job, op: Op | None, placement: Placement, now: float) -> Step:
 def on_started(job: Job, op: Op | None, ev: wire.NodeEvent, now: float) -> Step | None:
     if job.state != JobState.PENDING:
         return None
-    s = Step.of(job, op or _none(job))
+    s = Step.of(job, op or no_op(job))
     job = s.job
     job.state, job.node, job.reason = JobState.RUNNING, ev.node, None
     job.next_checkpoint_at = next_checkpoint_at(job, now)
@@ -71,7 +66,7 @@ def on_started(job: Job, op: Op | None, ev: wire.NodeEvent, now: float) -> Step 
 
 
 def on_launch_failed(job: Job, op: Op | None, ev: wire.NodeEvent, now: float) -> Step:
-    s = Step.of(job, op or _none(job))
+    s = Step.of(job, op or no_op(job))
     s.job.state, s.job.error, s.job.op = JobState.FAILED, ev.error, None
     s.save_job("failed", ev.error or "")
     s.finish(now, error=ev.error or "the job could not start", error_code=ev.error_code)
@@ -101,7 +96,7 @@ def kill(job: Job, op: Op, grace_s: float, now: float) -> Step:
 def on_exited(job: Job, op: Op | None, kill_op: Op | None, ev: wire.NodeEvent, now: float) -> Step:
     """The job ended on its node (not by a checkpoint, not a live move's target: see
     ``live_move.on_target_exited``). `op`: the op in flight; `kill_op`: the kill waiting for it."""
-    s = Step.of(job, op or _none(job))
+    s = Step.of(job, op or no_op(job))
     job = s.job
     code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
     job.exit_code = code

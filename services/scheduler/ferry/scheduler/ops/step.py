@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ferry.common import wire
-from ferry.common.models import Event, Job, Op, OpState
+from ferry.common.models import Event, Job, Op, OpKind, OpState
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,14 @@ class Step:
             self.op = done
             self.save_op()
 
-    def then(self, other: "Step") -> "Step":
-        """This step followed by `other` (which started from this one's job and op)."""
-        return Step(other.job, other.op, self.effects + other.effects)
-
     def commands(self) -> list[Send]:
         return [e for e in self.effects if isinstance(e, Send)]
+
+
+def no_op(job: Job, kind: OpKind = OpKind.SUBMIT) -> Op:
+    """An op that has ended already: what a step stands on when the job has no op in flight (or
+    its record is gone), so that ending it changes nothing."""
+    return Op(id=job.op or "none", kind=kind, job=job.id, state=OpState.DONE)
 
 
 def ended(op: Op, now: float, *, error: str | None = None, error_code: int = 1, job: Job | None = None,
