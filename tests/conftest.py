@@ -127,6 +127,14 @@ class Cluster:
         return int(self.up_state()["services"][name])
 
 
+def make_secrets(data_dir: Path) -> None:
+    """What `ferry up` makes in <data-dir>/secrets (store keyring, environment keys, NATS users),
+    for tests that run services in-process against that data dir."""
+    from ferry.cli.secrets import ensure_secrets
+
+    ensure_secrets(data_dir / "secrets", [])
+
+
 def start_cluster(
     data_dir: Path, nodes: int = 2, extra: list[str] | None = None, env: dict[str, str] | None = None
 ) -> Cluster:

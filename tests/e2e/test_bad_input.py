@@ -110,7 +110,10 @@ async def test_the_scheduler_ends_the_op_of_a_command_it_cannot_decode(cluster: 
     from ferry.common.bus import Bus
     from ferry.common.models import Op, OpKind, OpState, new_id
 
-    bus = await Bus.connect(cluster.up_state()["nats_url"], "test-malformed")
+    from ferry.common.natsauth import read_creds
+
+    creds = read_creds(cluster.data_dir / "secrets" / "nats" / "api.json")  # a client with the API's rights
+    bus = await Bus.connect(cluster.up_state()["nats_url"], "test-malformed", creds=creds, create=False)
     try:
         op = Op(id=new_id("op"), kind=OpKind.SUBMIT)
         await bus.ops.put(op.id, op)

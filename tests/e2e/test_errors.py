@@ -147,7 +147,11 @@ def test_criu_failure_keeps_the_job_running_and_marks_the_checkpoint_failed(clus
 
 
 def test_node_without_usable_criu_is_reported_and_not_chosen(cluster: Cluster, tmp_path: Path) -> None:
+    # a node joins: its NATS users first (`ferry up` loads them into its NATS server at once)
+    cluster.ferry("keys", "add-node", "node-nocriu", "--data-dir", str(cluster.data_dir))
+    creds = cluster.data_dir / "secrets" / "nats" / "checkpointer@node-nocriu.json"
     env = {
+        "FERRY_NATS_CREDS": str(creds),
         **cluster.env,
         "FERRY_CRIU_BIN": "/nonexistent/criu",
         "FERRY_NATS_URL": cluster.up_state()["nats_url"],

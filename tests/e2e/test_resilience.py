@@ -65,11 +65,17 @@ def test_api_and_migrator_killed(cluster: Cluster) -> None:
 
 
 def test_services_answer_check_probes(cluster: Cluster) -> None:
-    env = {**cluster.env, "FERRY_NATS_URL": cluster.up_state()["nats_url"]}
-    for args in (["ferry.scheduler"], ["ferry.api"], ["ferry.health"], ["ferry.checkpointer", "--node", "node-1"],
-                 ["ferry.migrator", "--node", "node-2"]):
-        probe = subprocess.run([sys.executable, "-m", *args, "--check"], env=env, capture_output=True, timeout=60)
+    base = {**cluster.env, "FERRY_NATS_URL": cluster.up_state()["nats_url"]}
+
+    def env(user: str) -> dict[str, str]:  # each probe with its service's NATS user, as in a pod
+        return {**base, "FERRY_NATS_CREDS": str(cluster.data_dir / "secrets" / "nats" / f"{user}.json")}
+
+    for args, user in ((["ferry.scheduler"], "scheduler"), (["ferry.api"], "api"), (["ferry.health"], "health"),
+                       (["ferry.checkpointer", "--node", "node-1"], "checkpointer@node-1"),
+                       (["ferry.migrator", "--node", "node-2"], "migrator@node-2")):
+        probe = subprocess.run([sys.executable, "-m", *args, "--check"], env=env(user), capture_output=True,
+                               timeout=60)
         assert probe.returncode == 0, (args, probe.stderr)
-    missing = subprocess.run([sys.executable, "-m", "ferry.checkpointer", "--node", "node-77", "--check"], env=env,
-                             capture_output=True, timeout=60)
+    missing = subprocess.run([sys.executable, "-m", "ferry.checkpointer", "--node", "node-77", "--check"],
+                             env=env("checkpointer@node-1"), capture_output=True, timeout=60)
     assert missing.returncode == 1

@@ -14,7 +14,7 @@ from ferry.api.service import Api
 from ferry.common.config import Settings
 from ferry.common.ports import free_port
 from ferry.v1 import ferry_pb2 as pb
-from tests.conftest import BIN, async_stub
+from tests.conftest import BIN, async_stub, make_secrets
 
 
 async def ferry_cli(addr: str, token: str | None, *args: str) -> tuple[int, str, str]:
@@ -29,6 +29,7 @@ async def ferry_cli(addr: str, token: str | None, *args: str) -> tuple[int, str,
 
 
 async def test_token_is_required(nats_url: str, tmp_path: Path) -> None:
+    make_secrets(tmp_path)
     settings = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", token="s3cret")
     api = Api(settings)
     task = asyncio.create_task(api.serve())

@@ -10,15 +10,16 @@ from ferry.common.config import Settings
 from ferry.common.models import Job, Node
 from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.service import Migrator
-from ferry.store.store import CheckpointStore
-from ferry.store.url import open_backend
+from ferry.store.url import open_store
+from tests.conftest import make_secrets
 
 A100 = GpuInfo(index=0, uuid="GPU-a100-0", model="NVIDIA A100-SXM4-40GB", memory_total=40 << 30)
 
 
 async def test_mismatched_gpus_refuse_the_restore_untouched(nats_url: str, tmp_path: Path) -> None:
+    make_secrets(tmp_path)
     settings = Settings(nats_url=nats_url, data_dir=tmp_path, node_id="gpu-b", heartbeat_interval_s=0.3)
-    store = CheckpointStore(open_backend(settings.resolved_store_url()))
+    store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
     images = tmp_path / "images"
     images.mkdir()
     (images / "core-1.img").write_bytes(b"x" * 4096)

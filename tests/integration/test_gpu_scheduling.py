@@ -24,7 +24,7 @@ from ferry.migrator.service import Migrator
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import async_stub
+from tests.conftest import async_stub, make_secrets
 from tests.gpu_fakes import H100_0, H100_1, FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.criu
@@ -53,6 +53,7 @@ async def until(stub: pb_grpc.FerryAdminAsyncStub, job: str, check: Callable[[pb
 
 async def test_gpu_faults_move_jobs_and_keep_gpu_work_away(nats_url: str, tmp_path: Path, criu_bin: str) -> None:
     nvml = {"ga": FakeNvml([FakeGpu(**H100_0)]), "gb": FakeNvml([FakeGpu(**H100_1)])}
+    make_secrets(tmp_path)
     base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3,
                     heartbeat_timeout_s=5, scratch_dir=str(tmp_path / "scratch"))
     services: list[Service] = [Scheduler(base), Api(base)]

@@ -18,7 +18,7 @@ from ferry.common.ports import free_port
 from ferry.pricing.service import Pricing
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
-from tests.conftest import async_stub
+from tests.conftest import async_stub, make_secrets
 
 HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
 
@@ -38,6 +38,7 @@ async def wait_for(check: object, timeout: float = 15.0) -> None:
 async def test_feeds_become_prices_and_events(nats_url: str, tmp_path: Path) -> None:
     catalog = tmp_path / "catalog.csv"
     catalog.write_text(HEADER + "p3.2xlarge,V100,1,8,61,3.06,0.92,us-east-1,us-east-1a\n")
+    make_secrets(tmp_path)
     settings = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}",
                         price_feeds=str(catalog), price_poll_s=0.1)
     services = [Pricing(settings), Api(settings)]

@@ -15,10 +15,9 @@ from ferry.common.config import Settings
 from ferry.common.ports import free_port
 from ferry.common.service import Service
 from ferry.scheduler.service import Scheduler
-from ferry.store.store import CheckpointStore
-from ferry.store.url import open_backend
+from ferry.store.url import open_store
 from ferry.v1 import ferry_pb2 as pb
-from tests.conftest import PY, async_stub
+from tests.conftest import PY, async_stub, make_secrets
 
 pytestmark = pytest.mark.criu
 
@@ -29,11 +28,12 @@ CHURN = ("import os, time\nbuf = bytearray(16 << 20)\ni = 0\nwhile True:\n"
 
 
 async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, criu_bin: str) -> None:
+    make_secrets(tmp_path)
     base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3,
                     keep_checkpoints=2, scratch_dir=str(tmp_path / "scratch"))
     services: list[Service] = [Scheduler(base), Api(base), Checkpointer(base.model_copy(update={"node_id": "n1"}))]
     tasks = [asyncio.create_task(s.serve()) for s in services]
-    store = CheckpointStore(open_backend(base.resolved_store_url()))
+    store = open_store(base.resolved_store_url(), base.resolved_store_key_file())
     try:
         await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
         async with grpc.aio.insecure_channel(base.addr) as channel:

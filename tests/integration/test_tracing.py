@@ -20,13 +20,14 @@ from ferry.common.service import Service
 from ferry.common.tracing import setup_tracing
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
-from tests.conftest import async_stub
+from tests.conftest import async_stub, make_secrets
 
 pytestmark = pytest.mark.criu
 
 
 async def test_checkpoint_is_one_connected_trace(nats_url: str, tmp_path: Path, criu_bin: str) -> None:
     exporter = InMemorySpanExporter()
+    make_secrets(tmp_path)
     base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3)
     setup_tracing("test", base, SimpleSpanProcessor(exporter))
     services: list[Service] = [Scheduler(base), Api(base), Checkpointer(base.model_copy(update={"node_id": "node-t"}))]

@@ -5,6 +5,7 @@ import pytest
 from ferry.common import wire
 from ferry.common.errors import UsageError
 from ferry.common.jobspec import EXEC_MAX, check_request
+from ferry.common.sealing import SealedEnv, new_key_pair, seal_env
 
 
 def refused(**fields: object) -> str:
@@ -18,9 +19,11 @@ def refused(**fields: object) -> str:
 def test_a_plain_request_passes_and_becomes_a_spec() -> None:
     request = check_request({"name": "t1", "argv": ["python", "x.py"], "env": {"A_1": "x\ny"}, "cwd": "/tmp",
                              "cpus": 1.5, "memory_bytes": "1024", "deadline_s": 60.0})
-    spec = request.to_spec("t1", now=1000.0)
+    sealed = seal_env(request.env, new_key_pair()[1], "acme")
+    spec = request.to_spec("t1", now=1000.0, env=sealed)
     assert spec.deadline == 1060.0 and spec.memory_bytes == 1024 and spec.cwd == "/tmp" and spec.node is None
-    assert check_request({"argv": ["true"]}).to_spec("gen", now=0).name == "gen"
+    assert spec.env.names == ["A_1"] and "x\ny" not in spec.model_dump_json()
+    assert check_request({"argv": ["true"]}).to_spec("gen", now=0, env=SealedEnv()).name == "gen"
 
 
 @pytest.mark.parametrize(
@@ -75,7 +78,8 @@ def test_a_spec_becomes_a_job_with_every_field_it_carries() -> None:
     from ferry.common.models import Job
     from ferry.common.wire import JobSpec
 
-    spec = JobSpec(name="t1", argv=["python", "x.py"], env={"A": "1"}, cwd="/w", node="n1", checkpoint_every_s=60,
+    spec = JobSpec(name="t1", argv=["python", "x.py"], env=SealedEnv(names=["A"], sealed="c2VhbGVk"), cwd="/w",
+                   node="n1", checkpoint_every_s=60,
                    priority=3, cpus=2, memory_bytes=1 << 30, gpus=1, deadline=5.0, max_downtime_s=1.0,
                    gpu_model="H100", gpu_memory_bytes=1 << 34, gpu_shared=True)
     job = spec.to_job("job-1", "op-1")

@@ -15,6 +15,155 @@ import typing
 DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
 @typing.final
+class WhoAmIRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+
+global___WhoAmIRequest = WhoAmIRequest
+
+@typing.final
+class Quota(google.protobuf.message.Message):
+    """Per-tenant limits, enforced at submit; 0 means no limit."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CPUS_FIELD_NUMBER: builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: builtins.int
+    GPUS_FIELD_NUMBER: builtins.int
+    JOBS_FIELD_NUMBER: builtins.int
+    cpus: builtins.float
+    memory_bytes: builtins.int
+    gpus: builtins.int
+    jobs: builtins.int
+    def __init__(
+        self,
+        *,
+        cpus: builtins.float = ...,
+        memory_bytes: builtins.int = ...,
+        gpus: builtins.int = ...,
+        jobs: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cpus", b"cpus", "gpus", b"gpus", "jobs", b"jobs", "memory_bytes", b"memory_bytes"]) -> None: ...
+
+global___Quota = Quota
+
+@typing.final
+class WhoAmIResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    WHO_FIELD_NUMBER: builtins.int
+    QUOTA_FIELD_NUMBER: builtins.int
+    USED_FIELD_NUMBER: builtins.int
+    OPEN_FIELD_NUMBER: builtins.int
+    tenant: builtins.str
+    role: builtins.str
+    """"admin" or "user" """
+    who: builtins.str
+    """the token's name in the tokens file"""
+    open: builtins.bool
+    """the API has no tokens: everyone who reaches it is the admin of "default" """
+    @property
+    def quota(self) -> global___Quota: ...
+    @property
+    def used(self) -> global___Quota:
+        """by the tenant's jobs that have not ended"""
+
+    def __init__(
+        self,
+        *,
+        tenant: builtins.str = ...,
+        role: builtins.str = ...,
+        who: builtins.str = ...,
+        quota: global___Quota | None = ...,
+        used: global___Quota | None = ...,
+        open: builtins.bool = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["quota", b"quota", "used", b"used"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["open", b"open", "quota", b"quota", "role", b"role", "tenant", b"tenant", "used", b"used", "who", b"who"]) -> None: ...
+
+global___WhoAmIResponse = WhoAmIResponse
+
+@typing.final
+class ListAuditRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SINCE_S_FIELD_NUMBER: builtins.int
+    LIMIT_FIELD_NUMBER: builtins.int
+    since_s: builtins.float
+    """entries of the last since_s seconds (0: the last day)"""
+    limit: builtins.int
+    """at most this many, the newest (0: 100)"""
+    def __init__(
+        self,
+        *,
+        since_s: builtins.float = ...,
+        limit: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["limit", b"limit", "since_s", b"since_s"]) -> None: ...
+
+global___ListAuditRequest = ListAuditRequest
+
+@typing.final
+class AuditEntry(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    TIME_FIELD_NUMBER: builtins.int
+    TENANT_FIELD_NUMBER: builtins.int
+    WHO_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    METHOD_FIELD_NUMBER: builtins.int
+    TARGET_FIELD_NUMBER: builtins.int
+    OUTCOME_FIELD_NUMBER: builtins.int
+    ERROR_FIELD_NUMBER: builtins.int
+    time: builtins.float
+    tenant: builtins.str
+    who: builtins.str
+    role: builtins.str
+    method: builtins.str
+    """the RPC, e.g. "SubmitJob" """
+    target: builtins.str
+    """the job, node or name it was about"""
+    outcome: builtins.str
+    """"ok" or the gRPC status, e.g. "PERMISSION_DENIED" """
+    error: builtins.str
+    def __init__(
+        self,
+        *,
+        time: builtins.float = ...,
+        tenant: builtins.str = ...,
+        who: builtins.str = ...,
+        role: builtins.str = ...,
+        method: builtins.str = ...,
+        target: builtins.str = ...,
+        outcome: builtins.str = ...,
+        error: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["error", b"error", "method", b"method", "outcome", b"outcome", "role", b"role", "target", b"target", "tenant", b"tenant", "time", b"time", "who", b"who"]) -> None: ...
+
+global___AuditEntry = AuditEntry
+
+@typing.final
+class ListAuditResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: builtins.int
+    @property
+    def entries(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___AuditEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: collections.abc.Iterable[global___AuditEntry] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["entries", b"entries"]) -> None: ...
+
+global___ListAuditResponse = ListAuditResponse
+
+@typing.final
 class DrainNodeRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
@@ -524,6 +673,7 @@ class Job(google.protobuf.message.Message):
     GPU_MODEL_FIELD_NUMBER: builtins.int
     GPU_MEMORY_BYTES_FIELD_NUMBER: builtins.int
     GPU_UUIDS_FIELD_NUMBER: builtins.int
+    TENANT_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -549,6 +699,8 @@ class Job(google.protobuf.message.Message):
     max_downtime_s: builtins.float
     gpu_model: builtins.str
     gpu_memory_bytes: builtins.int
+    tenant: builtins.str
+    """whose job it is (its submitter's token's tenant)"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -587,8 +739,9 @@ class Job(google.protobuf.message.Message):
         gpu_model: builtins.str = ...,
         gpu_memory_bytes: builtins.int = ...,
         gpu_uuids: collections.abc.Iterable[builtins.str] | None = ...,
+        tenant: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 

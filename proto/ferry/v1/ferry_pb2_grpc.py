@@ -109,6 +109,16 @@ class FerryAdminStub:
                 request_serializer=ferry_dot_v1_dot_ferry__pb2.ChaosRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_ferry__pb2.ChaosResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/WhoAmI',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/ListAudit',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class FerryAdminServicer:
@@ -207,6 +217,20 @@ class FerryAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Who the caller's token says it is: tenant, role, quota and what the tenant uses of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FerryAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -284,6 +308,16 @@ def add_FerryAdminServicer_to_server(servicer, server):
                     servicer.Chaos,
                     request_deserializer=ferry_dot_v1_dot_ferry__pb2.ChaosRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_ferry__pb2.ChaosResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.WhoAmIRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.WhoAmIResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.ListAuditRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.ListAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -691,6 +725,60 @@ class FerryAdmin:
             '/ferry.v1.FerryAdmin/Chaos',
             ferry_dot_v1_dot_ferry__pb2.ChaosRequest.SerializeToString,
             ferry_dot_v1_dot_ferry__pb2.ChaosResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/WhoAmI',
+            ferry_dot_v1_dot_ferry__pb2.WhoAmIRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/ListAudit',
+            ferry_dot_v1_dot_ferry__pb2.ListAuditRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,6 +99,18 @@ class FerryAdminStub:
     ]
     """All-in-one mode only: crash a simulated node, or announce its spot interruption."""
 
+    WhoAmI: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.WhoAmIRequest,
+        ferry.v1.ferry_pb2.WhoAmIResponse,
+    ]
+    """Who the caller's token says it is: tenant, role, quota and what the tenant uses of it."""
+
+    ListAudit: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.ListAuditRequest,
+        ferry.v1.ferry_pb2.ListAuditResponse,
+    ]
+    """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's)."""
+
 class FerryAdminAsyncStub:
     SubmitJob: grpc.aio.UnaryUnaryMultiCallable[
         ferry.v1.ferry_pb2.SubmitJobRequest,
@@ -177,6 +189,18 @@ class FerryAdminAsyncStub:
         ferry.v1.ferry_pb2.ChaosResponse,
     ]
     """All-in-one mode only: crash a simulated node, or announce its spot interruption."""
+
+    WhoAmI: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.WhoAmIRequest,
+        ferry.v1.ferry_pb2.WhoAmIResponse,
+    ]
+    """Who the caller's token says it is: tenant, role, quota and what the tenant uses of it."""
+
+    ListAudit: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.ListAuditRequest,
+        ferry.v1.ferry_pb2.ListAuditResponse,
+    ]
+    """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's)."""
 
 class FerryAdminServicer(metaclass=abc.ABCMeta):
     @abc.abstractmethod
@@ -286,5 +310,21 @@ class FerryAdminServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[ferry.v1.ferry_pb2.ChaosResponse, collections.abc.Awaitable[ferry.v1.ferry_pb2.ChaosResponse]]:
         """All-in-one mode only: crash a simulated node, or announce its spot interruption."""
+
+    @abc.abstractmethod
+    def WhoAmI(
+        self,
+        request: ferry.v1.ferry_pb2.WhoAmIRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.ferry_pb2.WhoAmIResponse, collections.abc.Awaitable[ferry.v1.ferry_pb2.WhoAmIResponse]]:
+        """Who the caller's token says it is: tenant, role, quota and what the tenant uses of it."""
+
+    @abc.abstractmethod
+    def ListAudit(
+        self,
+        request: ferry.v1.ferry_pb2.ListAuditRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.ferry_pb2.ListAuditResponse, collections.abc.Awaitable[ferry.v1.ferry_pb2.ListAuditResponse]]:
+        """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's)."""
 
 def add_FerryAdminServicer_to_server(servicer: FerryAdminServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

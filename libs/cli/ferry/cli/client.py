@@ -6,7 +6,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ferry.common.errors import AlreadyExistsError, FerryError, NotFoundError, UsageError
+from ferry.common.errors import (
+    AlreadyExistsError,
+    FerryError,
+    NotFoundError,
+    PermissionDenied,
+    QuotaExceeded,
+    UsageError,
+)
+from ferry.common.tls import is_loopback
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
@@ -29,7 +37,7 @@ class Client:
         self.addr = addr or default_addr()
         token = token if token is not None else os.environ.get("FERRY_TOKEN", "")
         self.metadata: list[tuple[str, str]] = [("authorization", f"Bearer {token}")] if token else []
-        self.channel = grpc.insecure_channel(self.addr, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.channel = open_channel(self.addr)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError as exc:
@@ -53,6 +61,32 @@ class Client:
         self.channel.close()
 
 
+def _read(variable: str) -> bytes | None:
+    path = os.environ.get(variable, "")
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {variable}={path}: {exc.strerror or exc}") from exc
+
+
+def open_channel(addr: str) -> grpc.Channel:
+    """TLS when FERRY_TLS_CA (the API's CA) or FERRY_TLS_CERT/FERRY_TLS_KEY (this client's, for
+    mutual TLS) are set; in the clear only to this machine."""
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    ca, cert, key = _read("FERRY_TLS_CA"), _read("FERRY_TLS_CERT"), _read("FERRY_TLS_KEY")
+    if ca or cert:
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        return grpc.secure_channel(addr, credentials, options=options)
+    host = addr.rpartition(":")[0] or addr
+    if not is_loopback(host):
+        raise UsageError(f"{addr} is not on this machine, and Ferry speaks only TLS across a network: set "
+                         "FERRY_TLS_CA to the API's CA certificate (and FERRY_TOKEN)")
+    return grpc.insecure_channel(addr, options=options)
+
+
 def translate(exc: grpc.RpcError) -> FerryError:
     code: grpc.StatusCode = exc.code()
     details: str = exc.details() or code.name
@@ -60,6 +94,10 @@ def translate(exc: grpc.RpcError) -> FerryError:
         return NotFoundError(details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return UsageError(details)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return QuotaExceeded(details)
     if code == grpc.StatusCode.ALREADY_EXISTS:
         return AlreadyExistsError(details)
     if code == grpc.StatusCode.UNAVAILABLE:

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ferry.cli.client import ApiError, Client
@@ -40,6 +41,21 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def parse_secrets(pairs: list[str]) -> dict[str, str]:
+    """``NAME=@FILE`` pairs: each variable gets the content of its file (one trailing newline dropped)."""
+    env = {}
+    for pair in pairs:
+        key, sep, ref = pair.partition("=@")
+        if not sep or not key or not ref:
+            raise UsageError(f"bad --secret {pair!r}: use NAME=@FILE, e.g. --secret API_KEY=@/run/keys/api")
+        try:
+            value = Path(ref).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"bad --secret {key}: cannot read {ref}: {getattr(exc, 'strerror', None) or exc}") from exc
+        env[key] = value[:-1] if value.endswith("\n") else value
+    return env
+
+
 def validate_run(args: argparse.Namespace) -> None:
     """Checks `ferry run`'s arguments before anything is contacted or started: the same rules the
     API applies (ferry.common.jobspec), plus what only the caller's machine can tell (--cwd)."""
@@ -48,7 +64,8 @@ def validate_run(args: argparse.Namespace) -> None:
         argv = argv[1:]
     cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
     args.request = check_request({
-        "name": args.name or "", "argv": argv, "env": parse_env(args.env or []), "cwd": cwd, "node": args.node or "",
+        "name": args.name or "", "argv": argv, "cwd": cwd, "node": args.node or "",
+        "env": {**parse_env(args.env or []), **parse_secrets(args.secret or [])},
         "checkpoint_every_s": parse_duration(args.checkpoint_every) if args.checkpoint_every is not None else 0.0,
         "priority": args.priority, "cpus": args.cpus,
         "memory_bytes": parse_size(args.memory) if args.memory is not None else 0, "gpus": args.gpus,
@@ -297,4 +314,35 @@ def cmd_chaos(client: Client, args: argparse.Namespace) -> int:
         print_json(to_dict(reply))
     else:
         print(reply.message)
+    return 0
+
+
+def cmd_whoami(client: Client, args: argparse.Namespace) -> int:
+    me = client.call(client.stub.WhoAmI, pb.WhoAmIRequest())
+    if _json(args):
+        print_json(to_dict(me))
+        return 0
+    print(f"tenant {me.tenant}, role {me.role}" + (f", token {me.who}" if me.who else "")
+          + (" (the API has no tokens: anyone who reaches it is an admin)" if me.open else ""))
+
+    def limit(used: float, cap: float, fmt: Any = lambda v: f"{v:g}") -> str:
+        return f"{fmt(used)} of {fmt(cap)}" if cap else f"{fmt(used)} (no limit)"
+
+    q, u = me.quota, me.used
+    table([["cpus", limit(u.cpus, q.cpus)], ["memory", limit(u.memory_bytes, q.memory_bytes, size)],
+           ["gpus", limit(u.gpus, q.gpus)], ["jobs", limit(u.jobs, q.jobs)]], ["QUOTA", "USED"])
+    return 0
+
+
+def cmd_audit(client: Client, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise UsageError(f"bad --limit {args.limit}: at least 1")
+    entries = client.call(client.stub.ListAudit, pb.ListAuditRequest(since_s=parse_duration(args.since),
+                                                                      limit=args.limit)).entries
+    if _json(args):
+        print_json([to_dict(e) for e in entries])
+        return 0
+    table([[time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)), e.tenant, e.who, e.method, e.target,
+            e.outcome + (f": {e.error}" if e.error else "")] for e in entries],
+          ["TIME", "TENANT", "WHO", "CALL", "TARGET", "OUTCOME"])
     return 0

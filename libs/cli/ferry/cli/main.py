@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
+from ferry.cli.keys import add_keys_parser, cmd_keys
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.cli.store import add_store_parser, cmd_store
 from ferry.common.errors import FerryError
@@ -58,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="job name (default: generated); jobs are named by name or id")
     p.add_argument("--node", help="run on this node (default: the scheduler picks)")
     p.add_argument("--cwd", help="working directory (default: the current one)")
-    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable for the job (repeat)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable for the job (repeat); "
+                   "values are sealed to the nodes: no record, event or `ferry status` shows them")
+    p.add_argument("--secret", action="append", metavar="NAME=@FILE", help="an environment variable whose value is "
+                   "the content of FILE (a token, a key), sealed like --env (repeat)")
     p.add_argument("--checkpoint-every", metavar="DURATION", help="checkpoint periodically, e.g. 30s or 5m")
     p.add_argument("--priority", type=int, default=0, help="higher runs first and is preempted last")
     p.add_argument("--cpus", type=float, default=0.0, help="cpus the job needs (placement respects capacity)")
@@ -136,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_parser(sub, common)
     add_store_parser(sub, common)
+    add_keys_parser(sub, common)
+    add("whoami", "who the API takes this caller for: tenant, role, quota and what the tenant uses")
+    p = add("audit", "the audit trail: every mutating call, who made it and how it ended (a user sees its tenant's)")
+    p.add_argument("--since", metavar="DURATION", default="1d", help="how far back (default 1d), e.g. 1h")
+    p.add_argument("--limit", type=int, default=100, help="at most this many, the newest (default 100)")
 
     p = add("events", "follow the event stream (one line per event; JSON lines with -o json)")
     p.add_argument("-f", "--follow", action="store_true", help="accepted for habit: events always follow")
@@ -160,6 +169,8 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "undrain": commands.cmd_undrain,
     "prices": commands.cmd_prices,
     "chaos": commands.cmd_chaos,
+    "whoami": commands.cmd_whoami,
+    "audit": commands.cmd_audit,
 }
 
 
@@ -181,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = cmd_simulate(args)
         elif args.cmd == "store":
             code = cmd_store(args)
+        elif args.cmd == "keys":
+            code = cmd_keys(args)
         else:
             if args.cmd == "run":
                 commands.validate_run(args)

@@ -7,6 +7,7 @@ local store of an all-in-one cluster. Exit code 1 when any kept checkpoint would
 
 import argparse
 import os
+from pathlib import Path
 
 from ferry.cli.output import print_json, size, table
 
@@ -26,6 +27,8 @@ def add_store_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
                            "say which checkpoints would restore")
     v.add_argument("--store", help="store URL (default: FERRY_STORE_URL, else DATA_DIR/store)")
     v.add_argument("--data-dir", help="an all-in-one cluster's data dir (default: FERRY_DATA_DIR or /var/lib/ferry)")
+    v.add_argument("--key-file", help="the store's keyring (default: FERRY_STORE_KEY_FILE, else "
+                   "DATA_DIR/secrets/store.keys)")
     v.add_argument("--repair", action="store_true", help="quarantine damaged chunks (the next checkpoint that "
                    "holds those bytes uploads them again) and delete chunks no checkpoint uses")
 
@@ -38,16 +41,24 @@ def store_url(args: argparse.Namespace) -> str:
     return os.path.join(args.data_dir or os.environ.get("FERRY_DATA_DIR", "/var/lib/ferry"), "store")
 
 
+def key_file(args: argparse.Namespace) -> Path:
+    """The store's keyring: --key-file, FERRY_STORE_KEY_FILE, else DATA_DIR/secrets/store.keys."""
+    if getattr(args, "key_file", None):
+        return Path(args.key_file)
+    if os.environ.get("FERRY_STORE_KEY_FILE") and not args.data_dir:
+        return Path(os.environ["FERRY_STORE_KEY_FILE"])
+    return Path(args.data_dir or os.environ.get("FERRY_DATA_DIR", "/var/lib/ferry")) / "secrets" / "store.keys"
+
+
 def cmd_store(args: argparse.Namespace) -> int:
     from ferry.cli.progress import OpProgress
     from ferry.common.errors import UsageError
-    from ferry.store.store import CheckpointStore
-    from ferry.store.url import open_backend
+    from ferry.store.url import open_store
 
     url = store_url(args)
     if "://" not in url and not os.path.isdir(url):
         raise UsageError(f"no store at {url}: give --store URL or --data-dir of a cluster")
-    store = CheckpointStore(open_backend(url))
+    store = open_store(url, key_file(args))
     with OpProgress("verify") as bar:
         report = store.verify(repair=args.repair, progress=lambda done, total: bar.update("chunks", done, total))
     if args.output == "json":

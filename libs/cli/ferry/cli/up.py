@@ -23,12 +23,15 @@ from types import FrameType
 import grpc
 
 from ferry.cli.nats_guard import FULL_BYTES, RESERVE_BYTES, DiskReserve, ReserveAction, has_write_error, server_health
+from ferry.cli.secrets import creds_file, ensure_secrets
 from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
+from ferry.common.natsauth import authorization_block, node_user, read_creds
 from ferry.common.ports import free_port
 from ferry.criu.jobdir import JobDir
 from ferry.node.base import scratch_dir
 from ferry.node.procs import signal_tree
+from ferry.store.keys import write_private
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
@@ -124,7 +127,17 @@ class AllInOne:
                                     logs / f"{name}.log", env, restart_after=MEMBER_RESTART_S if members > 1 else 0.0)
                               for name in self.nats_names()]
         py = [sys.executable, "-m"]
-        self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", env) for name in CONTROL_PLANE]
+        self.secrets = self.data_dir / "secrets"
+        self.passwords: dict[str, str] = {}
+        tokens = self.secrets / "tokens.yaml"
+        if "FERRY_TOKENS_FILE" not in env and tokens.exists():
+            env["FERRY_TOKENS_FILE"] = str(tokens)  # made by `ferry keys token --data-dir DATA_DIR`
+
+        def creds(user: str) -> dict[str, str]:
+            return {"FERRY_NATS_CREDS": str(creds_file(self.secrets, user))}
+
+        self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", {**env, **creds(name)})
+                         for name in CONTROL_PLANE]
         self.node_children: dict[str, list[Child]] = {}
         for spec in specs:
             node, url = spec.id, self.metadata_url(spec.id)
@@ -133,7 +146,7 @@ class AllInOne:
             meta = Child(f"metadata@{node}", [*py, "ferry.sim.metadata_server", "--port",
                                               str(self.metadata_ports[node])], logs / f"metadata-{node}.log", env)
             services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], logs / f"{svc}-{node}.log",
-                              node_env) for svc in NODE_SERVICES]
+                              {**node_env, **creds(node_user(svc, node))}) for svc in NODE_SERVICES]
             self.node_children[node] = [meta, *services]
             self.children.extend([meta, *services])
 
@@ -155,12 +168,13 @@ class AllInOne:
                     f"  max_file_store: {JETSTREAM_MAX_BYTES}\n"
                     f"  max_memory_store: {64 << 20}\n"
                     "}\n"
-                    f"http: 127.0.0.1:{self.monitor_ports[i]}\n")
+                    f"http: 127.0.0.1:{self.monitor_ports[i]}\n"
+                    + authorization_block(self.passwords))
             if self.route_ports:
                 routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.route_ports) if j != i)
                 text += (f"cluster {{\n  name: ferry\n  listen: 127.0.0.1:{self.route_ports[i]}\n"
                          f"  routes: [{routes}]\n}}\n")
-            (self.data_dir / f"{name}.conf").write_text(text)
+            write_private(self.data_dir / f"{name}.conf", text)  # it holds the users' passwords
 
     def metadata_url(self, node: str) -> str:
         return f"http://127.0.0.1:{self.metadata_ports[node]}"
@@ -199,6 +213,7 @@ class AllInOne:
         if time.monotonic() - self.disk_checked_at >= DISK_CHECK_S and not self.stopping:
             self.disk_checked_at = time.monotonic()
             self.guard_disk()
+            self.load_new_users()
         for child in [*self.nats_children, *self.children]:  # NATS first: every service reconnects to it
             if child.proc is None or child.proc.poll() is None or self.stopping:
                 continue
@@ -214,6 +229,34 @@ class AllInOne:
             print(f"ferry: {child.name} exited with {child.proc.returncode}; starting it again", flush=True)
             child.start()
             self.write_state()
+
+    def security_summary(self) -> str:
+        """What is open in this cluster, said at start (plain text is allowed on loopback only)."""
+        tokens = self.children[0].env.get("FERRY_TOKENS_FILE") or os.environ.get("FERRY_TOKEN")
+        return ("security: NATS and the API in plain text on loopback; NATS users per service in "
+                f"{self.secrets / 'nats'}; checkpoints sealed with {self.secrets / 'store.keys'}; API "
+                + ("tokens required" if tokens else "without tokens: anyone on this machine is its admin "
+                   "(`ferry keys token --data-dir ...` makes tokens)"))
+
+    def load_new_users(self) -> None:
+        """NATS users added since the servers started (`ferry keys add-node`): the configuration is
+        written again and the servers reload it (SIGHUP), without a restart."""
+        folder = self.secrets / "nats"
+        try:
+            users = sorted(p.stem for p in folder.glob("*.json"))
+        except OSError:
+            return
+        if users == sorted(self.passwords):
+            return
+        try:
+            self.passwords = {u: read_creds(creds_file(self.secrets, u)).password for u in users}
+        except FerryError as exc:
+            print(f"ferry: cannot load the new NATS users: {exc}", flush=True)
+            return
+        self.write_nats_config()
+        for server in self.nats_children:
+            server.stop(signal.SIGHUP)
+        print(f"ferry: NATS users now: {', '.join(users)}", flush=True)
 
     def guard_disk(self) -> None:
         """Keeps NATS answering on a full disk (see ferry.cli.nats_guard): frees the reserve when the
@@ -300,6 +343,7 @@ class AllInOne:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.passwords = ensure_secrets(self.secrets, self.nodes)
         try:
             self.write_nats_config()
             self.guard_disk()  # takes the reserve before NATS writes anything
@@ -314,6 +358,7 @@ class AllInOne:
             if not self.stopping:
                 print(f"ferry: ready: {len(self.nodes)} nodes ({', '.join(self.nodes)}), API at {self.addr}, "
                       f"NATS at {self.nats_url}, data in {self.data_dir}", flush=True)
+                print(f"ferry: {self.security_summary()}", flush=True)
             while not self.stopping:
                 self.supervise()
                 time.sleep(0.2)

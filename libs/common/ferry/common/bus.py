@@ -7,7 +7,9 @@ for state, core NATS for progress and log reads.
 
 import asyncio
 import contextlib
+import datetime
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +26,7 @@ from pydantic import BaseModel
 from ferry.common import wire
 from ferry.common.errors import ConfigError, FerryError, NotFoundError, UsageError
 from ferry.common.models import CheckpointRecord, Job, Node, Op, PriceRecord, ServiceBeat
+from ferry.common.natsauth import NatsCreds
 from ferry.common.tracing import inject
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,14 @@ T = TypeVar("T")
 REQUEST_TIMEOUT_S = 2.0  # one KV request (they take milliseconds); a node is lost after 5 s of silence
 REQUEST_ATTEMPTS = 4
 Handler = Callable[[Msg], Awaitable[None]]
+
+
+async def _log_error(exc: Exception) -> None:
+    """What the server reports without a request to fail: a permission refused is worth a line."""
+    if "violation" in str(exc).lower():  # permissions or authorization
+        log.error("NATS refused: %s", exc)
+    else:
+        log.debug("NATS: %s", exc)
 
 
 class BusError(FerryError):
@@ -238,26 +249,43 @@ class Bus:
         self.services: Table[ServiceBeat]
         self.prices: Table[PriceRecord]
         self._subs: list[Any] = []
+        self._create = True
 
     @classmethod
-    async def connect(cls, url: str, name: str, *, connect_timeout: float = 10.0, replicas: int = 1) -> "Bus":
+    async def connect(cls, url: str, name: str, *, connect_timeout: float = 10.0, replicas: int = 1,
+                      creds: NatsCreds | None = None, tls: ssl.SSLContext | None = None,
+                      create: bool = True) -> "Bus":
         """Connects (retrying until `connect_timeout`) and makes sure streams and buckets exist.
 
         `url` may list several servers of one NATS cluster, comma-separated; streams and buckets
-        are created with `replicas` copies (3 on a three-server cluster: any one may die)."""
+        are created with `replicas` copies (3 on a three-server cluster: any one may die). With
+        `creds`, the connection authenticates as that user (ferry.common.natsauth); without
+        `create`, the streams and buckets are waited for (only the scheduler's user may create
+        them)."""
         servers = [u.strip() for u in url.split(",") if u.strip()]
         deadline = asyncio.get_running_loop().time() + connect_timeout
-        while True:
-            try:
-                nc = await nats.connect(
-                    servers, name=name, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.5
-                )
-                break
-            except (TimeoutError, OSError, nats.errors.Error) as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise BusError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from exc
-                await asyncio.sleep(0.3)
+        auth: dict[str, Any] = {"user": creds.user, "password": creds.password} if creds else {}
+        if tls is not None:
+            auth["tls"] = tls
+        seen: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            seen.append(str(exc))
+            await _log_error(exc)
+
+        try:  # nats-py retries the first connection forever: bounded here
+            nc = await asyncio.wait_for(nats.connect(
+                servers, name=name, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                allow_reconnect=True, error_cb=on_error, **auth,
+            ), timeout=max(connect_timeout, 1.0))
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            if any("authorization violation" in e.lower() for e in seen):
+                raise BusError(f"NATS at {url} refused the credentials of {creds.user if creds else 'nobody'}: "
+                               "check FERRY_NATS_CREDS") from exc
+            last = seen[-1] if seen else (str(exc) or type(exc).__name__)
+            raise BusError(f"cannot reach NATS at {url}: {last}") from exc
         bus = cls(nc, nc.jetstream(timeout=10), replicas)
+        bus._create = create
         while True:  # a JetStream cluster answers "unavailable" until it has elected a leader
             try:
                 await bus._ensure()
@@ -292,6 +320,18 @@ class Bus:
                     duplicate_window=120,
                 )
             )
+            await self._ensure_stream(
+                api.StreamConfig(
+                    name=wire.AUDIT_STREAM,
+                    subjects=[wire.AUDIT_SUBJECTS],
+                    retention=api.RetentionPolicy.LIMITS,
+                    storage=api.StorageType.FILE,
+                    max_age=wire.AUDIT_MAX_AGE_S,
+                    num_replicas=self.replicas,
+                    deny_delete=True,
+                    deny_purge=True,
+                )
+            )
             self.jobs = await self._table(wire.KV_JOBS, Job)
             self.nodes = await self._table(wire.KV_NODES, Node)
             self.checkpoints = await self._table(wire.KV_CHECKPOINTS, CheckpointRecord)
@@ -304,14 +344,18 @@ class Bus:
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
         try:
             await self.js.stream_info(config.name or "")
-        except nats.js.errors.NotFoundError:
+        except nats.js.errors.NotFoundError as exc:
+            if not self._create:
+                raise BusError(f"stream {config.name} does not exist yet (the scheduler creates it)") from exc
             with contextlib.suppress(nats.js.errors.BadRequestError):  # created by a peer meanwhile
                 await self.js.add_stream(config)
 
     async def _table(self, name: str, model: type[M]) -> Table[M]:
         try:
             kv = await self.js.key_value(name)
-        except nats.js.errors.BucketNotFoundError:
+        except nats.js.errors.BucketNotFoundError as exc:
+            if not self._create:
+                raise BusError(f"bucket {name} does not exist yet (the scheduler creates it)") from exc
             config = api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE, replicas=self.replicas)
             kv = await self.js.create_key_value(config)
         return Table(self.js, kv, name, model, self.nc)
@@ -325,6 +369,33 @@ class Bus:
             await self.js.publish(subject, wire.encode(message), headers=headers)
         except (TimeoutError, nats.errors.Error) as exc:
             raise BusError(f"cannot publish to {subject}: {exc or type(exc).__name__}") from exc
+
+    async def read_since(self, stream: str, subject: str, since: float, limit: int) -> list[bytes]:
+        """The bodies of the messages of ``subject`` in ``stream`` stored from ``since`` (epoch
+        seconds) on, oldest first, at most the newest ``limit``: one ephemeral consumer, read to its
+        end and deleted."""
+        start = datetime.datetime.fromtimestamp(since, datetime.UTC)
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=start,
+                                    ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0)
+        try:
+            sub = await self.js.pull_subscribe(subject, stream=stream, config=config)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise BusError(f"cannot read {stream}: {exc or type(exc).__name__}") from exc
+        bodies: list[bytes] = []
+        try:
+            while True:
+                try:
+                    batch = await sub.fetch(256, timeout=0.5)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    break
+                bodies.extend(m.data for m in batch)
+                bodies = bodies[-limit:]
+                if all(m.metadata.num_pending == 0 for m in batch[-1:]):
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return bodies
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         with contextlib.suppress(nats.errors.Error):

@@ -24,11 +24,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FERRY_", extra="ignore")
 
     nats_url: str = "nats://127.0.0.1:4222"  # several servers of one cluster: comma-separated
+    nats_creds: Path | None = None  # this service's NATS user (ferry.common.natsauth); unset: connect without one
+    nats_ca: Path | None = None  # TLS to NATS: the CA that signed its certificate (tls:// URLs)
     nats_replicas: int = Field(default=1, ge=1, le=5)  # copies of each stream and KV bucket (3 on a 3-server cluster)
     store_url: str = ""  # empty: <data_dir>/store
+    store_key_file: Path | None = None  # the store's keyring (ferry.store.keys); unset: <data_dir>/secrets/store.keys
     data_dir: Path = Path("/var/lib/ferry")
     addr: str = "127.0.0.1:7070"  # the gRPC admin API
-    token: str = ""  # when set, the API refuses requests without it
+    token: str = ""  # when set, one more API token: the admin of the tenant "default"
+    tokens_file: Path | None = None  # the API's tokens (hash -> tenant, role) and tenants' quotas (ferry.api.tenants)
+    tls_cert: Path | None = None  # the API: its certificate (PEM); with tls_key, it serves only TLS
+    tls_key: Path | None = None
+    tls_ca: Path | None = None  # the API: clients must present a certificate this CA signed (mutual TLS)
+    env_key_file: Path | None = None  # nodes: opens jobs' sealed environments; unset: <data_dir>/secrets/env.key
+    env_public_key_file: Path | None = None  # the API: seals them; unset: <data_dir>/secrets/env.pub
     node_id: str = ""
     work_dir: Path | None = None  # node services: <data_dir>/nodes/<node_id> when unset
     criu_bin: str = "criu"
@@ -100,6 +109,14 @@ class Settings(BaseSettings):
 
     def resolved_store_url(self) -> str:
         return self.store_url or str(self.data_dir / "store")
+
+    def resolved_env_key_file(self, *, public: bool) -> Path:
+        if public:
+            return self.env_public_key_file or self.data_dir / "secrets" / "env.pub"
+        return self.env_key_file or self.data_dir / "secrets" / "env.key"
+
+    def resolved_store_key_file(self) -> Path:
+        return self.store_key_file or self.data_dir / "secrets" / "store.keys"
 
     def node_work_dir(self) -> Path:
         if self.work_dir is not None:

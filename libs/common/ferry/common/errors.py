@@ -2,6 +2,8 @@
 
     FerryError                      anything Ferry reports to a user (exit code 1 unless said)
     ├── UsageError                  bad input: refused before anything starts (exit code 2)
+    │   └── QuotaExceeded           the tenant's quota has no room for the job (exit code 2)
+    ├── PermissionDenied            the caller's role may not do that (exit code 2)
     ├── NotFoundError               unknown job, node or checkpoint (exit code 2)
     ├── ConflictError               the request does not fit the current state (exit code 1)
     │   └── AlreadyExistsError      a name that is taken (exit code 2)
@@ -29,6 +31,16 @@ class UsageError(FerryError):
     exit_code = 2
 
 
+class QuotaExceeded(UsageError):
+    """A submit that would take the tenant past its quota; nothing was started."""
+
+
+class PermissionDenied(FerryError):
+    """The caller's token does not allow this (an admin's call, say); nothing was changed."""
+
+    exit_code = 2
+
+
 class NotFoundError(FerryError):
     """An unknown job, node or checkpoint; nothing was changed."""
 
@@ -52,7 +64,8 @@ class ConfigError(FerryError):
 
 
 _KINDS: dict[str, type[FerryError]] = {
-    cls.__name__: cls for cls in (FerryError, UsageError, NotFoundError, ConflictError, AlreadyExistsError, ConfigError)
+    cls.__name__: cls for cls in (FerryError, UsageError, NotFoundError, ConflictError, AlreadyExistsError, ConfigError,
+                                  QuotaExceeded, PermissionDenied)
 }
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ferry.common.errors import UsageError
+from ferry.common.models import DEFAULT_TENANT
+from ferry.common.sealing import SealedEnv
 from ferry.common.units import format_bytes
 from ferry.common.wire import JobSpec, is_token
 
@@ -112,10 +114,11 @@ class JobRequest(BaseModel):
     def exec_bytes(self) -> int:
         return sum(len(a) + 1 for a in self.argv) + sum(len(k) + len(v) + 2 for k, v in self.env.items())
 
-    def to_spec(self, name: str, now: float) -> JobSpec:
-        """The spec the scheduler gets; `name` replaces an empty one, the deadline becomes absolute."""
+    def to_spec(self, name: str, now: float, env: SealedEnv, tenant: str = DEFAULT_TENANT) -> JobSpec:
+        """The spec the scheduler gets; `name` replaces an empty one, the deadline becomes absolute,
+        `env` is this request's environment sealed to the nodes (ferry.common.sealing)."""
         return JobSpec(
-            name=name, argv=self.argv, env=self.env, cwd=self.cwd or "/", node=self.node or None,
+            name=name, tenant=tenant, argv=self.argv, env=env, cwd=self.cwd or "/", node=self.node or None,
             checkpoint_every_s=self.checkpoint_every_s, priority=self.priority, cpus=self.cpus,
             memory_bytes=self.memory_bytes, gpus=self.gpus,
             deadline=now + self.deadline_s if self.deadline_s else None,

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ferry.common.opargs import OpArgs, Plain
 from ferry.common.record import Record
+from ferry.common.sealing import SealedEnv
 
 
 def now() -> float:
@@ -19,6 +20,8 @@ def new_id(prefix: str) -> str:
     """A short, sortable-enough, collision-safe id: `<prefix>-<12 hex>`."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
+
+DEFAULT_TENANT = "default"  # the tenant of every job where the API has no tokens file
 
 class JobState(StrEnum):
     PENDING = "pending"
@@ -40,7 +43,7 @@ class Job(Record):
     id: str
     name: str
     argv: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
+    env: SealedEnv = Field(default_factory=SealedEnv)  # names in the clear, values sealed to the nodes
     cwd: str = "/"
     state: JobState = JobState.PENDING
     node: str | None = None
@@ -73,6 +76,7 @@ class Job(Record):
     gpu_uuids: list[str] = Field(default_factory=list)  # assigned on its node (CUDA_VISIBLE_DEVICES)
     kill_requested: bool = False
     kill_op: str | None = None  # the kill op waiting for the job to end
+    tenant: str = DEFAULT_TENANT  # its API token's tenant; its checkpoints are sealed with that tenant's keys
 
     @property
     def terminal(self) -> bool:
@@ -192,6 +196,19 @@ class Event(Record):
     time: float = Field(default_factory=now)
     message: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class AuditEntry(Record):
+    """One mutating call to the API, allowed or not: on the audit stream (`ferry audit`)."""
+
+    time: float = Field(default_factory=now)
+    tenant: str
+    who: str
+    role: str
+    method: str
+    target: str = ""
+    outcome: str  # "ok" or the gRPC status name
+    error: str = ""
 
 
 class ServiceBeat(Record):

@@ -25,6 +25,8 @@ from ferry.common.bus import Bus
 from ferry.common.config import Settings, load_settings
 from ferry.common.errors import FerryError
 from ferry.common.models import ServiceBeat
+from ferry.common.natsauth import read_creds
+from ferry.common.tls import nats_tls
 from ferry.common.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,10 @@ class Service(ABC):
         return f"{self.name}.{self.instance}"
 
     async def connect(self) -> Bus:
+        creds = read_creds(self.settings.nats_creds) if self.settings.nats_creds else None
         self.bus = await Bus.connect(self.settings.nats_url, f"ferry-{self.name}-{self.instance}",
-                                     replicas=self.settings.nats_replicas)
+                                     replicas=self.settings.nats_replicas, creds=creds,
+                                     tls=nats_tls(self.settings), create=creds is None or creds.user == "scheduler")
         return self.bus
 
     @abstractmethod
@@ -126,8 +130,9 @@ class Service(ABC):
 
 async def check(settings: Settings, service: str) -> bool:
     """True when `service` on this instance has beaten recently."""
+    creds = read_creds(settings.nats_creds) if settings.nats_creds else None
     bus = await Bus.connect(settings.nats_url, f"ferry-check-{service}", connect_timeout=3,
-                            replicas=settings.nats_replicas)
+                            replicas=settings.nats_replicas, creds=creds, tls=nats_tls(settings), create=False)
     try:
         instance = settings.node_id or socket.gethostname()
         beat = await bus.services.get(f"{service}.{instance}")

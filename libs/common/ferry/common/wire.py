@@ -17,12 +17,16 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from ferry.common.errors import FerryError
-from ferry.common.models import CheckpointRecord, Job, OpKind, new_id, now
+from ferry.common.models import DEFAULT_TENANT, CheckpointRecord, Job, OpKind, new_id, now
 from ferry.common.moves import LiveReport, NodeOptions, PageSource
 from ferry.common.record import Record
+from ferry.common.sealing import SealedEnv
 
 CMD_STREAM = "FERRY_CMD"
 EVT_STREAM = "FERRY_EVT"
+AUDIT_STREAM = "FERRY_AUDIT"
+AUDIT_SUBJECTS = "ferry.audit.>"
+AUDIT_MAX_AGE_S = 90 * 86400
 CMD_SUBJECTS = "ferry.cmd.>"
 EVT_SUBJECTS = "ferry.evt.>"
 KV_JOBS = "ferry_jobs"
@@ -85,6 +89,10 @@ def is_user_event(subject: str) -> bool:
     return subject.startswith((JOB_EVENTS_PREFIX, CLUSTER_EVENTS_PREFIX))
 
 
+def audit_subject(tenant: str) -> str:
+    return f"ferry.audit.{token(tenant)}"
+
+
 def progress_subject(op: str) -> str:
     return f"ferry.progress.{token(op)}"
 
@@ -99,8 +107,9 @@ def ckpt_key(job: str, checkpoint: str) -> str:
 
 class JobSpec(Record):
     name: str
+    tenant: str = DEFAULT_TENANT
     argv: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
+    env: SealedEnv = Field(default_factory=SealedEnv)
     cwd: str = "/"
     node: str | None = None
     checkpoint_every_s: float = 0.0

@@ -19,8 +19,7 @@ from ferry.common.service import Service
 from ferry.common.tracing import extract, tracer
 from ferry.criu.jobdir import JobDir
 from ferry.sim.faults import FaultHook
-from ferry.store.store import CheckpointStore
-from ferry.store.url import open_backend
+from ferry.store.url import open_store
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class NodeService(Service):
         self.scratch_dir = scratch_dir(self.settings.scratch_dir, self.work_dir, self.node_id)
         for d in (self.jobs_dir, self.scratch_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.store = CheckpointStore(open_backend(self.settings.resolved_store_url()))
+        self.store = open_store(self.settings.resolved_store_url(), self.settings.resolved_store_key_file())
         self.job_locks: dict[str, asyncio.Lock] = {}
         self.faults = FaultHook()  # the one place fault points ask (tests, `ferry chaos fail-live`)
         await self.connect()

@@ -6,6 +6,8 @@
         ├── ChunkCorrupt                a chunk is missing, undecodable or fails its hash: the
         │                               checkpoint that needs it cannot be restored
         ├── ManifestCorrupt             a manifest is unreadable, fails its digest or is invalid
+        │   └── ManifestRefused         unsigned, signed by another tenant or altered: not trusted
+        ├── RestoreRefused              a restore that would exceed its caps (size, free space)
         ├── UndecodableChunk            (ferry.store.codec) stored bytes that are no chunk: the reader
         │                               reports the chunk as corrupt
         └── BackendUnavailable          the backend cannot be reached or refuses to work (network,
@@ -65,3 +67,16 @@ class ManifestCorrupt(StoreError):
 
 class BackendUnavailable(StoreError):
     """The backend cannot be reached or refuses to work; the message says what to check."""
+
+
+class ManifestRefused(ManifestCorrupt):
+    """A manifest whose signature is missing, foreign or wrong: it is not restored."""
+
+    def __init__(self, checkpoint: str, reason: str) -> None:
+        StoreError.__init__(self, f"checkpoint {checkpoint}: manifest refused: {reason}")
+        self.checkpoint = checkpoint
+        self.reason = reason
+
+
+class RestoreRefused(StoreError):
+    """Restoring a checkpoint would write more than it may (its declared size, the free space)."""

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from ferry.store.backend import Backend, SizedListing
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
+from ferry.store.keys import KeyRing
 from ferry.store.leases import Leases
 from ferry.store.manifest import chunk_key, decode_manifest
 from ferry.store.parallel import run_all
@@ -47,12 +48,12 @@ def _stored_chunks(backend: Backend) -> dict[str, int]:
     return {m.group(1): size for key, size in listing if (m := _CHUNK.fullmatch(key))}
 
 
-def _referenced(backend: Backend, workers: int) -> set[str]:
+def _referenced(backend: Backend, workers: int, keyring: KeyRing | None) -> set[str]:
     keys = [(key, m.group(2)) for key in backend.list("manifests/") if (m := _MANIFEST.fullmatch(key))]
 
     def read(key: str, checkpoint: str) -> set[str]:
         try:
-            return decode_manifest(backend.get(key), checkpoint).chunk_hashes()
+            return decode_manifest(backend.get(key), checkpoint, keyring).chunk_hashes()
         except ObjectNotFound:  # deleted meanwhile
             return set()
         except ManifestCorrupt as exc:
@@ -68,13 +69,14 @@ def _referenced(backend: Backend, workers: int) -> set[str]:
     return referenced
 
 
-def collect_garbage(backend: Backend, leases: Leases, *, workers: int, drain_timeout: float) -> GcResult:
+def collect_garbage(backend: Backend, leases: Leases, *, workers: int, drain_timeout: float,
+                    keyring: KeyRing | None = None) -> GcResult:
     """See CheckpointStore.gc."""
     stored = _stored_chunks(backend)
     with leases.collecting(drain_timeout) as drained:
         if not drained:
             return GcResult(chunks_kept=len(stored), deferred=True)
-        referenced = _referenced(backend, workers)
+        referenced = _referenced(backend, workers, keyring)
         orphans = [h for h in stored if h not in referenced]
 
         def delete(batch: list[str]) -> None:

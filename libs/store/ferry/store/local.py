@@ -4,6 +4,7 @@
 renames it over the key, so readers see the old object or the whole new one. With ``fsync=True``
 the data and the rename are flushed to disk before ``put`` returns; without it (the default, much
 faster) a machine crash may leave a damaged chunk, which a restore then reports as ChunkCorrupt.
+Checkpoints hold process memory: objects are 0600 and folders 0700, whatever the umask.
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ class LocalBackend:
         tmp = path.parent / f"{_TMP}{path.name}.{uuid.uuid4().hex}"
         try:
             if path.parent not in self._dirs:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                self._mkdirs(path.parent)
                 self._dirs.add(path.parent)
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:  # the directory was removed behind our back
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                self._mkdirs(path.parent)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, 0o600)  # whatever the umask
             try:
                 view = memoryview(data)
                 while view:
@@ -72,6 +74,19 @@ class LocalBackend:
             with contextlib.suppress(OSError):  # on a read-only or full disk the cleanup fails too
                 tmp.unlink(missing_ok=True)
             raise self._fail("write", key, exc) from exc
+
+    def _mkdirs(self, folder: Path) -> None:
+        """``folder`` and the missing ones above it up to the root's parent, each 0700."""
+        missing = []
+        while not folder.is_dir():
+            missing.append(folder)
+            if folder == self.root or folder.parent == folder:
+                break
+            folder = folder.parent
+        for d in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+            os.chmod(d, 0o700)
 
     def get(self, key: str) -> bytes:
         try:

@@ -2,9 +2,12 @@
 
 A manifest lists the files of a checkpoint and, for each, its chunk sequence. It is stored as
 canonical JSON (sorted keys, no spaces, ASCII) with a ``digest`` field holding the sha256 of the
-canonical JSON of everything else; ``decode_manifest`` refuses anything that does not verify or
-validate. Paths are relative POSIX paths without ``.``/``..`` parts, so that restoring a manifest
-can never write outside its destination directory.
+canonical JSON of everything else and, in a store with keys, a ``signature``: HMAC-SHA256 of that
+same JSON under its tenant's signing key (``ferry.store.keys``), which names the tenant and key
+id it was made with. ``decode_manifest`` refuses anything that does not verify or validate, and,
+given keys, anything unsigned, signed by another tenant or altered. Paths are relative POSIX paths
+without ``.``/``..`` parts, so that restoring a manifest can never write outside its destination
+directory; file and chunk counts are capped (MAX_FILES, MAX_CHUNKS).
 """
 
 from __future__ import annotations
@@ -17,10 +20,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ferry.common.errors import UsageError
-from ferry.store.errors import ManifestCorrupt
+from ferry.store.errors import ManifestCorrupt, ManifestRefused
+from ferry.store.keys import KeyRing, TenantKeys
 
 MANIFEST_VERSION = 1
 MAX_CHUNK_SIZE = 64 * 1024 * 1024
+MAX_FILES = 100_000
+MAX_CHUNKS = 4_000_000  # 1 TiB in 256 KiB chunks
+MAX_MANIFEST_BYTES = 512 << 20
+DEFAULT_TENANT = "default"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _HASH = r"^[0-9a-f]{64}$"
 
@@ -90,8 +98,10 @@ class Manifest(BaseModel):
     checkpoint: str
     parent: str | None
     created: float = Field(allow_inf_nan=False)
-    files: list[FileEntry]
+    files: list[FileEntry] = Field(max_length=MAX_FILES)
     meta: dict[str, Any] = Field(default_factory=dict)
+    tenant: str = DEFAULT_TENANT
+    key_id: str = ""  # the keyring key it is sealed and signed under; "" in a store without keys
 
     @field_validator("version")
     @classmethod
@@ -100,7 +110,7 @@ class Manifest(BaseModel):
             raise ValueError(f"manifest version {value} is not supported (this Ferry reads {MANIFEST_VERSION})")
         return value
 
-    @field_validator("job", "checkpoint", "parent")
+    @field_validator("job", "checkpoint", "parent", "tenant")
     @classmethod
     def _ids(cls, value: str | None) -> str | None:
         if value is not None and not _ID.fullmatch(value):
@@ -109,6 +119,8 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _paths_do_not_clash(self) -> Manifest:
+        if sum(len(f.chunks) for f in self.files) > MAX_CHUNKS:
+            raise ValueError(f"more than {MAX_CHUNKS} chunks")
         paths = {f.path for f in self.files}
         if len(paths) != len(self.files):
             raise ValueError("a path is listed twice")
@@ -133,30 +145,45 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
-def encode_manifest(m: Manifest) -> bytes:
-    """Canonical JSON of ``m`` plus ``digest`` = sha256 hex of the canonical JSON without it."""
+def encode_manifest(m: Manifest, keys: TenantKeys | None = None) -> bytes:
+    """Canonical JSON of ``m`` plus ``digest`` = sha256 hex of the canonical JSON without it and,
+    with ``keys`` (which must be the manifest's tenant and key id), ``signature``."""
     body = m.model_dump(mode="json")
-    body["digest"] = hashlib.sha256(_canonical(body)).hexdigest()
+    plain = _canonical(body)
+    body["digest"] = hashlib.sha256(plain).hexdigest()
+    if keys is not None:
+        if (keys.tenant, keys.key_id) != (m.tenant, m.key_id):
+            raise ValueError(f"keys of {keys.tenant}/{keys.key_id} cannot sign a manifest of {m.tenant}/{m.key_id}")
+        body["signature"] = keys.sign(plain)
     return _canonical(body)
 
 
-def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
-    """Parse, verify the digest of, and validate the stored manifest of ``checkpoint``."""
+def decode_manifest(data: bytes, checkpoint: str, keyring: KeyRing | None = None,
+                    tenant: str | None = None) -> Manifest:
+    """Parse, verify the digest of, and validate the stored manifest of ``checkpoint``.
+
+    With ``keyring``, the signature must verify under the key of the tenant and key id the
+    manifest names (ManifestRefused otherwise); with ``tenant``, that must be its tenant."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorrupt(checkpoint, f"larger than {MAX_MANIFEST_BYTES >> 20} MiB")
     try:
         body = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ManifestCorrupt(checkpoint, "not JSON") from exc
     if not isinstance(body, dict):
         raise ManifestCorrupt(checkpoint, "not a JSON object")
     digest = body.pop("digest", None)
+    signature = body.pop("signature", None)
     if not isinstance(digest, str):
         raise ManifestCorrupt(checkpoint, "no digest")
     try:
-        actual = hashlib.sha256(_canonical(body)).hexdigest()
-    except ValueError as exc:
+        plain = _canonical(body)
+    except (ValueError, TypeError, RecursionError) as exc:
         raise ManifestCorrupt(checkpoint, "not canonical JSON") from exc
-    if actual != digest:
+    if hashlib.sha256(plain).hexdigest() != digest:
         raise ManifestCorrupt(checkpoint, "digest mismatch")
+    if keyring is not None:
+        _check_signature(checkpoint, body, plain, signature, keyring)
     try:
         manifest = Manifest.model_validate(body)
     except ValidationError as exc:
@@ -165,4 +192,19 @@ def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
         raise ManifestCorrupt(checkpoint, f"{where}: {first['msg']}") from exc
     if manifest.checkpoint != checkpoint:
         raise ManifestCorrupt(checkpoint, f"it describes checkpoint {manifest.checkpoint}")
+    if tenant is not None and manifest.tenant != tenant:
+        raise ManifestRefused(checkpoint, f"it belongs to tenant {manifest.tenant}, not {tenant}")
     return manifest
+
+
+def _check_signature(checkpoint: str, body: dict[str, Any], plain: bytes, signature: object,
+                     keyring: KeyRing) -> None:
+    if not isinstance(signature, str):
+        raise ManifestRefused(checkpoint, "it is not signed")
+    owner, key_id = body.get("tenant", DEFAULT_TENANT), body.get("key_id", "")
+    if not isinstance(owner, str) or not _ID.fullmatch(owner) or not isinstance(key_id, str):
+        raise ManifestRefused(checkpoint, "it names no valid tenant and key")
+    if not keyring.has(key_id):
+        raise ManifestRefused(checkpoint, f"it is signed with key {key_id!r}, which the keyring does not hold")
+    if not keyring.tenant(owner, key_id).verifies(plain, signature):
+        raise ManifestRefused(checkpoint, f"its signature does not verify for tenant {owner} (altered or forged)")

@@ -7,16 +7,17 @@ caller discards it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 from ferry.store.backend import Backend
-from ferry.store.codec import ChunkCodec, UndecodableChunk
-from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
+from ferry.store.chunkform import ChunkForm
+from ferry.store.codec import UndecodableChunk
+from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, RestoreRefused, StoreError
 from ferry.store.manifest import Manifest, chunk_key
 from ferry.store.parallel import Progress, run_all
 
@@ -39,7 +40,7 @@ def _write_at(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
-def fetch_chunk(backend: Backend, codec: ChunkCodec, digest: str, size: int
+def fetch_chunk(backend: Backend, form: ChunkForm, digest: str, size: int
                 ) -> tuple[memoryview | None, str | None, bytes]:
     """A chunk read back and verified: (its plain bytes, None, the stored bytes) when whole, else
     (None, why: "missing from the store", "undecodable: ..." or "hash mismatch", the stored bytes,
@@ -49,11 +50,9 @@ def fetch_chunk(backend: Backend, codec: ChunkCodec, digest: str, size: int
     except ObjectNotFound:
         return None, "missing from the store", b""
     try:
-        plain = codec.decode(stored, size)
+        plain = form.decode(digest, stored, size)
     except UndecodableChunk as exc:
-        return None, f"undecodable: {exc}", stored
-    if hashlib.sha256(plain).hexdigest() != digest:
-        return None, "hash mismatch", stored
+        return None, "hash mismatch" if str(exc) == "hash mismatch" else f"undecodable: {exc}", stored
     return plain, None, stored
 
 
@@ -75,14 +74,14 @@ class _Placer:
     def __init__(
         self,
         backend: Backend,
-        codec: ChunkCodec,
+        form: ChunkForm,
         manifest: Manifest,
         targets: list[Path],
         places: dict[str, list[tuple[int, int]]],
         sizes: dict[str, int],
         progress: Progress,
     ) -> None:
-        self.backend, self.codec, self.manifest = backend, codec, manifest
+        self.backend, self.form, self.manifest = backend, form, manifest
         self.targets, self.places, self.sizes, self.progress = targets, places, sizes, progress
 
     def _corrupt(self, digest: str, reason: str) -> ChunkCorrupt:
@@ -90,7 +89,7 @@ class _Placer:
         return ChunkCorrupt(self.manifest.checkpoint, digest, path, reason)
 
     def _plain(self, digest: str) -> memoryview:
-        plain, problem, stored = fetch_chunk(self.backend, self.codec, digest, self.sizes[digest])
+        plain, problem, stored = fetch_chunk(self.backend, self.form, digest, self.sizes[digest])
         if plain is None:
             if stored:  # there, but damaged
                 quarantine(self.backend, digest, stored)
@@ -114,16 +113,38 @@ class _Placer:
                 os.close(fd)
 
 
+def check_room(manifest: Manifest, dest: Path, *, max_bytes: int | None, reserve: int) -> None:
+    """Refuses a restore that would write more than ``max_bytes`` (what the checkpoint was
+    recorded to hold) or more than the free space under ``dest`` less ``reserve``."""
+    declared = manifest.bytes_logical
+    if max_bytes is not None and declared > max_bytes:
+        raise RestoreRefused(f"checkpoint {manifest.checkpoint}: its manifest declares {declared} bytes, more than "
+                             f"the {max_bytes} recorded for it; not restored")
+    probe = dest
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError as exc:
+        raise StoreError(f"cannot see the free space under {dest}: {exc}") from exc
+    if declared > free - reserve:
+        raise RestoreRefused(f"checkpoint {manifest.checkpoint}: restoring it needs {declared >> 20} MiB, "
+                             f"{dest} has {max(0, free - reserve) >> 20} MiB free to use; free some space")
+
+
 def restore_files(
     backend: Backend,
-    codec: ChunkCodec,
+    form: ChunkForm,
     manifest: Manifest,
     dest_dir: Path,
     *,
     workers: int,
     progress: Callable[[int, int], None] | None,
+    max_bytes: int | None = None,
+    reserve: int = 0,
 ) -> int:
     """See CheckpointStore.restore_files."""
+    check_room(manifest, Path(dest_dir), max_bytes=max_bytes, reserve=reserve)
     places: dict[str, list[tuple[int, int]]] = {}
     sizes: dict[str, int] = {}
     for index, entry in enumerate(manifest.files):
@@ -141,7 +162,7 @@ def restore_files(
             _create(target, entry.size)
     except OSError as exc:
         raise StoreError(f"cannot create the restored files in {dest}: {exc}") from exc
-    placer = _Placer(backend, codec, manifest, targets, places, sizes, Progress(progress, manifest.bytes_logical))
+    placer = _Placer(backend, form, manifest, targets, places, sizes, Progress(progress, manifest.bytes_logical))
     groups: list[list[str]] = [[]]
     size = 0
     for digest in places:

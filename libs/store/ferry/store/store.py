@@ -1,11 +1,15 @@
 """The checkpoint store: content-addressed chunks plus one manifest per checkpoint.
 
-    chunks/<sha256 of the plain bytes>      header byte (0 raw, 1 zstd) + payload
-    manifests/<job>/<checkpoint>.json       canonical JSON with a digest, written last
+    chunks/<name>                           with keys: the tenant's HMAC-SHA256 of the plain bytes;
+                                            header byte 2 + AES-256-GCM of (header 0 raw | 1 zstd +
+                                            payload). Without keys: sha256, header 0 or 1 + payload
+    manifests/<job>/<checkpoint>.json       canonical JSON with a digest and, with keys, the
+                                            tenant's signature; written last
     locks/...                               leases between writers and gc (see ``leases``)
 
 A checkpoint exists once its manifest does, so a half-written checkpoint is invisible; a chunk
-that fails its hash on restore raises ChunkCorrupt.
+that fails its hash or seal on restore raises ChunkCorrupt; a manifest that is unsigned, signed
+for another tenant or altered raises ManifestRefused (see ``ferry.store.keys``).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Any
 
 from ferry.common.errors import UsageError
 from ferry.store.backend import Backend
+from ferry.store.chunkform import ChunkForm
 from ferry.store.codec import ChunkCodec
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.gc import GcResult, collect_garbage
+from ferry.store.keys import KeyRing
 from ferry.store.leases import DEFAULT_TTL, Leases
-from ferry.store.manifest import Manifest, check_id, decode_manifest, manifest_key
+from ferry.store.manifest import DEFAULT_TENANT, Manifest, check_id, decode_manifest, manifest_key
 from ferry.store.reader import restore_files
 from ferry.store.retention import expired
 from ferry.store.verified import DEFAULT_TTL as VERIFY_TTL
@@ -38,7 +44,8 @@ class CheckpointStore:
     ``workers`` threads hash, compress and move chunks; ``zstd_level`` sets compression. Writers
     wait at most ``gc_wait`` seconds for a running gc; ``lease_ttl`` is when a lease left by a
     crashed writer or gc stops counting; a job's chunks verified whole are trusted by its next
-    checkpoint for ``verify_ttl`` seconds.
+    checkpoint for ``verify_ttl`` seconds. With ``keyring`` (what Ferry's services always pass),
+    chunks are sealed per tenant and manifests signed; without, they are plain (tools and tests).
     """
 
     def __init__(
@@ -50,6 +57,7 @@ class CheckpointStore:
         gc_wait: float = 300.0,
         lease_ttl: float = DEFAULT_TTL,
         verify_ttl: float = VERIFY_TTL,
+        keyring: KeyRing | None = None,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, got {workers}")
@@ -57,13 +65,26 @@ class CheckpointStore:
         self.workers = workers
         self.gc_wait = gc_wait
         self._codec = ChunkCodec(zstd_level)
+        self.keyring = keyring
         self._leases = Leases(backend, ttl=lease_ttl)
         self._verified = VerifiedChunks(verify_ttl)
+
+    @property
+    def sealed(self) -> bool:
+        return self.keyring is not None
+
+    def form(self, tenant: str, key_id: str | None = None) -> ChunkForm:
+        """How ``tenant``'s chunks are named and stored (under ``key_id``, else the current key)."""
+        return ChunkForm(self._codec, self.keyring.tenant(tenant, key_id) if self.keyring else None)
+
+    def _manifest_form(self, manifest: Manifest) -> ChunkForm:
+        return self.form(manifest.tenant, manifest.key_id or None)
 
     def write_checkpoint(
         self,
         *,
         job: str,
+        tenant: str = DEFAULT_TENANT,
         checkpoint: str,
         parent: str | None,
         src_dir: Path,
@@ -86,11 +107,12 @@ class CheckpointStore:
         """
         return write_checkpoint(
             self.backend,
-            self._codec,
+            self.form(tenant),
             self._leases,
             workers=self.workers,
             gc_wait=self.gc_wait,
             job=job,
+            tenant=tenant,
             checkpoint=checkpoint,
             parent=parent,
             src_dir=src_dir,
@@ -102,9 +124,10 @@ class CheckpointStore:
             progress=progress,
         )
 
-    def read_manifest(self, job: str, checkpoint: str) -> Manifest:
-        """The verified manifest; ObjectNotFound if there is none, ManifestCorrupt if it is bad."""
-        manifest = decode_manifest(self.backend.get(manifest_key(job, checkpoint)), checkpoint)
+    def read_manifest(self, job: str, checkpoint: str, tenant: str | None = None) -> Manifest:
+        """The verified manifest; ObjectNotFound if there is none, ManifestCorrupt if it is bad,
+        ManifestRefused if it is unsigned, altered or (given ``tenant``) another tenant's."""
+        manifest = decode_manifest(self.backend.get(manifest_key(job, checkpoint)), checkpoint, self.keyring, tenant)
         if manifest.job != job:
             raise ManifestCorrupt(checkpoint, f"it belongs to job {manifest.job}")
         return manifest
@@ -116,14 +139,18 @@ class CheckpointStore:
         return sorted(i for i in ids if "/" not in i)
 
     def restore_files(
-        self, manifest: Manifest, dest_dir: Path, progress: Callable[[int, int], None] | None = None
+        self, manifest: Manifest, dest_dir: Path, progress: Callable[[int, int], None] | None = None, *,
+        max_bytes: int | None = None, reserve: int = 0,
     ) -> int:
         """Write the files of ``manifest`` under ``dest_dir`` and return the bytes written.
 
-        Every chunk is verified (sha256 of its plain bytes); the first missing, undecodable or
+        Refused (RestoreRefused) before anything is written when the manifest declares more than
+        ``max_bytes`` or than the free space under ``dest_dir`` less ``reserve``. Every chunk is
+        verified (its seal, or sha256 of its plain bytes); the first missing, undecodable or
         mismatching chunk raises ChunkCorrupt, after which ``dest_dir`` must be discarded.
         """
-        return restore_files(self.backend, self._codec, manifest, dest_dir, workers=self.workers, progress=progress)
+        return restore_files(self.backend, self._manifest_form(manifest), manifest, dest_dir, workers=self.workers,
+                             progress=progress, max_bytes=max_bytes, reserve=reserve)
 
     def delete_checkpoint(self, job: str, checkpoint: str) -> None:
         """Delete the manifest (chunks go at the next gc); deleting a missing checkpoint is fine."""
@@ -132,7 +159,8 @@ class CheckpointStore:
     def verify(self, *, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> StoreReport:
         """Which kept checkpoints would restore (every manifest and distinct chunk read and hashed);
         with ``repair``, damaged chunks are quarantined and gc runs (see ``ferry.store.verify``)."""
-        report = verify_store(self.backend, self._codec, workers=self.workers, repair=repair, progress=progress)
+        report = verify_store(self.backend, self._manifest_form, workers=self.workers, repair=repair,
+                              keyring=self.keyring, progress=progress)
         if repair:
             try:
                 report.orphans_deleted = self.gc().chunks_deleted
@@ -142,7 +170,8 @@ class CheckpointStore:
 
     def gc(self, *, drain_timeout: float = 30.0) -> GcResult:
         """Delete chunks no manifest references (see ``ferry.store.gc`` for concurrent writers)."""
-        return collect_garbage(self.backend, self._leases, workers=self.workers, drain_timeout=drain_timeout)
+        return collect_garbage(self.backend, self._leases, workers=self.workers, drain_timeout=drain_timeout,
+                               keyring=self.keyring)
 
     def apply_retention(self, job: str, keep_last: int) -> list[str]:
         """Delete all but the ``keep_last`` newest checkpoints of ``job``; return the deleted ids.

@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ferry.common.errors import UsageError
 from ferry.store.backend import Backend
+from ferry.store.keys import load_keyring
 from ferry.store.local import LocalBackend
 from ferry.store.s3 import S3Backend
+from ferry.store.store import CheckpointStore
 
 EXPECTED = "file:///abs/path, a directory path, or s3://bucket[/prefix]?endpoint=host:port[&secure=0|1][&region=name]"
 _S3_PARAMS = ("endpoint", "secure", "region")
@@ -26,6 +29,11 @@ _FALSE = {"0", "false", "no", "off"}
 
 def _bad(url: str, why: str) -> UsageError:
     return UsageError(f"bad store URL {url!r}: {why}; expected {EXPECTED}")
+
+
+def open_store(url: str, key_file: Path, **kwargs: Any) -> CheckpointStore:
+    """The store at ``url``, sealed with the keyring in ``key_file`` (ConfigError when it is missing)."""
+    return CheckpointStore(open_backend(url), keyring=load_keyring(key_file), **kwargs)
 
 
 def open_backend(url: str, *, env: Mapping[str, str] | None = None) -> Backend:

@@ -16,8 +16,9 @@ from functools import partial
 from pydantic import BaseModel
 
 from ferry.store.backend import Backend
-from ferry.store.codec import ChunkCodec
+from ferry.store.chunkform import ChunkForm
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound
+from ferry.store.keys import KeyRing
 from ferry.store.manifest import Manifest, decode_manifest
 from ferry.store.parallel import Progress, run_all
 from ferry.store.reader import fetch_chunk, quarantine
@@ -46,8 +47,8 @@ class StoreReport(BaseModel):
         return all(c.restorable for c in self.checkpoints)
 
 
-def verify_store(backend: Backend, codec: ChunkCodec, *, workers: int, repair: bool,
-                 progress: Callable[[int, int], None] | None = None) -> StoreReport:
+def verify_store(backend: Backend, forms: Callable[[Manifest], ChunkForm], *, workers: int, repair: bool,
+                 keyring: KeyRing | None = None, progress: Callable[[int, int], None] | None = None) -> StoreReport:
     """See the module's doc; gc (with ``repair``) is the caller's, which holds the leases."""
     health: list[CheckpointHealth] = []
     manifests: list[Manifest] = []
@@ -56,7 +57,7 @@ def verify_store(backend: Backend, codec: ChunkCodec, *, workers: int, repair: b
             continue
         job, checkpoint = m.groups()
         try:
-            manifest = decode_manifest(backend.get(key), checkpoint)
+            manifest = decode_manifest(backend.get(key), checkpoint, keyring)
         except ObjectNotFound:
             continue  # deleted meanwhile
         except ManifestCorrupt as exc:
@@ -64,11 +65,12 @@ def verify_store(backend: Backend, codec: ChunkCodec, *, workers: int, repair: b
             continue
         manifests.append(manifest)
     sizes = {ref.hash: ref.size for mf in manifests for f in mf.files for ref in f.chunks}
+    form_of = {ref.hash: forms(mf) for mf in manifests for f in mf.files for ref in f.chunks}
     digests = sorted(sizes)
     tracker = Progress(progress, len(digests))  # in chunks
 
     def check(digest: str) -> tuple[str, str | None, int]:
-        _, problem, stored = fetch_chunk(backend, codec, digest, sizes[digest])
+        _, problem, stored = fetch_chunk(backend, form_of[digest], digest, sizes[digest])
         if problem is not None and stored and repair:
             quarantine(backend, digest, stored)
         tracker.add(1)

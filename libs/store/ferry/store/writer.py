@@ -1,14 +1,14 @@
 """Writing a checkpoint: cut its files into chunks, hash them, upload what the store lacks, then
 commit the manifest.
 
-Files are memory-mapped batch by batch and hashed in place; only chunks that must be uploaded are
-copied (into their stored form). sha256 and zstd release the GIL, so the pool's threads use every
-core. The source files must not change while they are written (CRIU images never do).
+Files are memory-mapped batch by batch and named in place (sha256, or a tenant's keyed hash);
+only chunks that must be uploaded are copied (into their stored form, sealed with a store's keys).
+Hashing, zstd and AES-GCM release the GIL, so the pool's threads use every core. The source files
+must not change while they are written (CRIU images never do).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import mmap
@@ -25,7 +25,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ferry.common.errors import ConflictError, UsageError
 from ferry.store.backend import Backend
-from ferry.store.codec import ChunkCodec
+from ferry.store.chunkform import ChunkForm
 from ferry.store.errors import StoreError
 from ferry.store.leases import Leases
 from ferry.store.manifest import (
@@ -64,9 +64,9 @@ class WriteResult(BaseModel):
 class _Uploads:
     """Uploads each chunk the store lacks, or holds damaged, once per write, and counts it."""
 
-    def __init__(self, backend: Backend, codec: ChunkCodec, verified: VerifiedChunks, job: str,
+    def __init__(self, backend: Backend, form: ChunkForm, verified: VerifiedChunks, job: str,
                  verify_all: bool) -> None:
-        self._backend, self._codec, self._verified = backend, codec, verified
+        self._backend, self._form, self._verified = backend, form, verified
         self._job, self._verify_all = job, verify_all
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -91,7 +91,7 @@ class _Uploads:
                     return
                 log.warning("chunk %s… in the store is damaged: uploading it again", digest[:12])
                 repaired = True
-            stored = self._codec.encode(plain)
+            stored = self._form.encode(digest, plain)
             self._backend.put(key, stored)
             self._verified.mark(self._job, digest)
         except BaseException:
@@ -107,7 +107,7 @@ class _Uploads:
 
     def _stored_whole(self, digest: str, size: int) -> bool:
         """Whether the stored copy decodes to bytes with this hash (a damaged one is replaced)."""
-        return fetch_chunk(self._backend, self._codec, digest, size)[1] is None
+        return fetch_chunk(self._backend, self._form, digest, size)[1] is None
 
 
 def _batches(source: SourceFile) -> list[tuple[int, int]]:
@@ -123,7 +123,8 @@ def _batches(source: SourceFile) -> list[tuple[int, int]]:
     return out
 
 
-def _chunk_batch(source: SourceFile, first: int, end: int, uploads: _Uploads, progress: Progress) -> list[ChunkRef]:
+def _chunk_batch(source: SourceFile, first: int, end: int, form: ChunkForm, uploads: _Uploads,
+                 progress: Progress) -> list[ChunkRef]:
     spans = source.spans[first:end]
     start, stop = spans[0][0], spans[-1][0] + spans[-1][1]
     base = start - start % mmap.ALLOCATIONGRANULARITY
@@ -139,7 +140,7 @@ def _chunk_batch(source: SourceFile, first: int, end: int, uploads: _Uploads, pr
         with memoryview(mm) as view:
             for off, n in spans:
                 with view[off - base : off - base + n] as piece:
-                    digest = hashlib.sha256(piece).hexdigest()
+                    digest = form.name(piece)
                     uploads.offer(digest, piece)
                 refs.append(ChunkRef.model_construct(hash=digest, size=n))
                 progress.add(n)
@@ -150,12 +151,13 @@ def _chunk_batch(source: SourceFile, first: int, end: int, uploads: _Uploads, pr
 
 def write_checkpoint(
     backend: Backend,
-    codec: ChunkCodec,
+    form: ChunkForm,
     leases: Leases,
     *,
     workers: int,
     gc_wait: float,
     job: str,
+    tenant: str,
     checkpoint: str,
     parent: str | None,
     src_dir: Path,
@@ -180,12 +182,12 @@ def write_checkpoint(
     with leases.writing(gc_wait):
         if backend.exists(key):
             raise ConflictError(f"checkpoint {checkpoint} of job {job} already exists; use a new checkpoint id")
-        uploads = _Uploads(backend, codec, verified, job, verify_all)
+        uploads = _Uploads(backend, form, verified, job, verify_all)
         tasks: list[Callable[[], list[ChunkRef]]] = []
         owners: list[int] = []
         for index, source in enumerate(sources):
             for first, end in _batches(source):
-                tasks.append(partial(_chunk_batch, source, first, end, uploads, tracker))
+                tasks.append(partial(_chunk_batch, source, first, end, form, uploads, tracker))
                 owners.append(index)
         chunks: list[list[ChunkRef]] = [[] for _ in sources]
         for index, refs in zip(owners, run_all(tasks, workers), strict=True):
@@ -199,8 +201,10 @@ def write_checkpoint(
                 FileEntry(path=s.rel, size=s.size, mode=s.mode, chunks=c) for s, c in zip(sources, chunks, strict=True)
             ],
             meta=meta_dict,
+            tenant=tenant,
+            key_id=form.keys.key_id if form.keys else "",
         )
-        backend.put(key, encode_manifest(manifest))
+        backend.put(key, encode_manifest(manifest, form.keys))
         verified.keep_only(job, manifest.chunk_hashes())
     return WriteResult(
         manifest=manifest,

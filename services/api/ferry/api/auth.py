@@ -1,42 +1,132 @@
-"""Token check for the admin API: with FERRY_TOKEN set, every call must carry it."""
+"""Who calls, and what they did: the admin API's authentication and audit, as one interceptor.
+
+Each call's bearer token is mapped to a Principal (ferry.api.tenants); a call without a known
+token is refused (UNAUTHENTICATED) before any handler runs. The handler runs with its caller in
+``CALLER``. Every mutating call, allowed or not, is written to the audit stream afterwards (who,
+what, when, outcome), by the ``audit`` callback.
+"""
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
+import contextvars
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
+from ferry.common.models import AuditEntry
+from ferry.common.tenancy import OPEN, Principal, Tenants
+
 METADATA_KEY = "authorization"
+MUTATING = frozenset({"SubmitJob", "KillJob", "Checkpoint", "Restore", "Migrate", "DrainNode", "Chaos"})
+CALLER: contextvars.ContextVar[Principal] = contextvars.ContextVar("ferry_caller", default=OPEN)
 
 if TYPE_CHECKING:  # grpc's classes are generic only in their stubs (types-grpcio)
     Handler = grpc.RpcMethodHandler[Any, Any]
     Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
+    Context = grpc.aio.ServicerContext[Any, Any]
+
+Audit = Callable[[AuditEntry], Awaitable[None]]
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+def caller() -> Principal:
+    return CALLER.get()
+
+
+def target_of(request: Any) -> str:
+    """What a request is about: its job, node or name, the first one it has."""
+    for field in ("job", "node", "name"):
+        value = getattr(request, field, "")
+        if value:
+            return str(value)
+    return ""
+
+
+def _outcome(context: Any, exc: BaseException | None) -> tuple[str, str]:
+    code = context.code() if hasattr(context, "code") else None
+    if isinstance(exc, grpc.aio.AbortError) or (code is not None and code != grpc.StatusCode.OK):
+        name = code.name if isinstance(code, grpc.StatusCode) else "ABORTED"
+        details = context.details() if hasattr(context, "details") else ""
+        return name, str(details or "")
+    if exc is not None:
+        return "UNKNOWN", str(exc)
+    return "ok", ""
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, tenants: Tenants, audit: Audit) -> None:
+        self._tenants = tenants
+        self._audit = audit
 
     async def intercept_service(self, continuation: Continuation,
                                 handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
         metadata = dict(handler_call_details.invocation_metadata or ())
-        given = str(metadata.get(METADATA_KEY, "")).encode()
+        given = str(metadata.get(METADATA_KEY, ""))
+        token = given[len("Bearer "):] if given.startswith("Bearer ") else ""
         handler = await continuation(handler_call_details)
-        if hmac.compare_digest(given, self._expected) or handler is None:
-            return handler
-        return _deny(handler)
+        if handler is None:
+            return None
+        principal = self._tenants.principal(token)
+        if principal is None:
+            return _deny(handler)
+        method = str(handler_call_details.method).rpartition("/")[2]
+        return self._wrap(handler, principal, method)
+
+    async def _record(self, principal: Principal, method: str, request: Any, context: Any,
+                      exc: BaseException | None) -> None:
+        if method not in MUTATING:
+            return
+        outcome, error = _outcome(context, exc)
+        await self._audit(AuditEntry(time=time.time(), tenant=principal.tenant, who=principal.who,
+                                     role=principal.role.value, method=method, target=target_of(request),
+                                     outcome=outcome, error=error[:500]))
+
+    def _wrap(self, handler: Handler, principal: Principal, method: str) -> Handler:
+        record = self._record
+        if handler.response_streaming:
+            inner_stream: Any = handler.unary_stream  # an async generator function under grpc.aio
+
+            async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+                CALLER.set(principal)
+                failure: BaseException | None = None
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except BaseException as exc:
+                    failure = exc
+                    raise
+                finally:
+                    await record(principal, method, request, context, failure)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        inner: Any = handler.unary_unary  # a coroutine function under grpc.aio
+
+        async def unary(request: Any, context: Context) -> Any:
+            CALLER.set(principal)
+            failure: BaseException | None = None
+            try:
+                return await inner(request, context)
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                await record(principal, method, request, context, failure)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
 def _deny(handler: Handler) -> Handler:
-    message = "missing or wrong API token: set FERRY_TOKEN to the cluster's token"
+    message = "missing or wrong API token: set FERRY_TOKEN to a token of this cluster (`ferry keys token` makes one)"
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def unary(request: Any, context: Context) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def stream(request: Any, context: Context) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # type: ignore[unreachable]  # abort() raises; the yield makes this a stream handler
 

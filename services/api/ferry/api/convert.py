@@ -3,13 +3,16 @@
 import json
 from typing import Any
 
-from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, PriceRecord
+from ferry.common.models import AuditEntry, CheckpointRecord, Event, Job, Node, Op, PriceRecord
 from ferry.v1 import ferry_pb2 as pb
+
+SEALED = "<sealed>"  # what the API shows of an environment variable's value: the nodes alone open them
 
 
 def job_to_pb(job: Job) -> pb.Job:
     return pb.Job(
-        id=job.id, name=job.name, argv=job.argv, env=job.env, cwd=job.cwd, state=job.state.value,
+        id=job.id, name=job.name, argv=job.argv, env=dict.fromkeys(job.env.names, SEALED), cwd=job.cwd,
+        state=job.state.value, tenant=job.tenant,
         node=job.node or "", restarts=job.restarts, last_checkpoint=job.last_checkpoint or "",
         has_exit_code=job.exit_code is not None, exit_code=job.exit_code or 0, error=job.error or "",
         created=job.created, updated=job.updated, checkpoint_every_s=job.checkpoint_every_s,
@@ -74,3 +77,8 @@ def op_to_update(op: Op) -> pb.OpUpdate:
     if op.result:
         update.result_json = json.dumps(op.result)
     return update
+
+
+def audit_to_pb(entry: AuditEntry) -> pb.AuditEntry:
+    return pb.AuditEntry(time=entry.time, tenant=entry.tenant, who=entry.who, role=entry.role, method=entry.method,
+                         target=entry.target, outcome=entry.outcome, error=entry.error)

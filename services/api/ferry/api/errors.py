@@ -1,6 +1,8 @@
 """Errors at the API's edge: every FerryError an RPC raises ends the call with its gRPC status.
 
+    QuotaExceeded       RESOURCE_EXHAUSTED  (the CLI exits 2)
     UsageError          INVALID_ARGUMENT    (the CLI exits 2)
+    PermissionDenied    PERMISSION_DENIED   (the CLI exits 2)
     NotFoundError       NOT_FOUND           (the CLI exits 2)
     AlreadyExistsError  ALREADY_EXISTS      (the CLI exits 2)
     ConflictError       FAILED_PRECONDITION
@@ -17,10 +19,20 @@ import grpc
 import grpc.aio
 
 from ferry.common.bus import BusError
-from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, NotFoundError, UsageError
+from ferry.common.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FerryError,
+    NotFoundError,
+    PermissionDenied,
+    QuotaExceeded,
+    UsageError,
+)
 
 _STATUS = {  # the first class that matches decides: subclasses before their parents
+    QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     UsageError: grpc.StatusCode.INVALID_ARGUMENT,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     NotFoundError: grpc.StatusCode.NOT_FOUND,
     AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     ConflictError: grpc.StatusCode.FAILED_PRECONDITION,

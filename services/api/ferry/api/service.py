@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,14 +17,18 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 
 from ferry.api import convert
-from ferry.api.auth import TokenInterceptor
+from ferry.api.auth import AuthInterceptor, caller
 from ferry.api.errors import ErrorInterceptor, status_of
+from ferry.api.listen import Listener
 from ferry.common import wire
 from ferry.common.bus import Bus, BusError
+from ferry.common.config import Settings
 from ferry.common.errors import FerryError, NotFoundError, UsageError, from_kind
 from ferry.common.jobspec import check_request
-from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Op, OpKind, new_id
+from ferry.common.models import TERMINAL_STATES, AuditEntry, Event, Job, JobState, Op, OpKind, new_id
+from ferry.common.sealing import read_key, seal_env
 from ferry.common.service import Service, service_main
+from ferry.common.tenancy import Tenants, Usage
 from ferry.common.tracing import extract, tracer
 from ferry.sim import chaos
 from ferry.v1 import ferry_pb2 as pb
@@ -38,24 +41,54 @@ OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) 
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
-    def __init__(self, bus: Bus, timeout_s: float, data_dir: Path) -> None:
+    def __init__(self, bus: Bus, settings: Settings, tenants: Tenants | None = None) -> None:
         self.bus = bus
-        self.timeout_s = timeout_s
-        self.data_dir = data_dir
+        self.settings = settings
+        self.tenants = tenants or Tenants(settings.tokens_file, settings.token)
+        self._job_tenants: dict[str, str] = {}
+        self.timeout_s = settings.api_timeout_s
+        self.data_dir = settings.data_dir
+        self._env_key: bytes | None = None
+
+    def env_public_key(self) -> bytes:
+        """The nodes' public key that job environments are sealed to (read once)."""
+        if self._env_key is None:
+            self._env_key = read_key(self.settings.resolved_env_key_file(public=True), private=False)
+        return self._env_key
 
     # ---- helpers -----------------------------------------------------------------------------
 
     async def resolve(self, ref: str) -> Job:
+        """The job named or numbered ``ref`` among those the caller may see (another tenant's job
+        is as unknown as one that does not exist)."""
         if not ref:
             raise UsageError("no job given: name it by name or id")
+        me = caller()
         if wire.is_token(ref):
             job = await self.bus.jobs.get(ref)
-            if job is not None:
+            if job is not None and me.may_see(job):
                 return job
         for job in await self.bus.jobs.values():
-            if job.name == ref:
+            if job.name == ref and me.may_see(job):
                 return job
         raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
+
+    async def tenant_of(self, job_id: str) -> str | None:
+        """The tenant of a job (remembered: a job never changes tenant), None if it is gone."""
+        if job_id not in self._job_tenants:
+            job = await self.bus.jobs.get(job_id) if wire.is_token(job_id) else None
+            if job is None:
+                return None
+            self._job_tenants[job_id] = job.tenant
+        return self._job_tenants[job_id]
+
+    async def write_audit(self, entry: AuditEntry) -> None:
+        """Adds one entry to the audit stream; a failure is logged, never the caller's."""
+        try:
+            await self.bus.publish(wire.audit_subject(entry.tenant), entry)
+        except BusError as exc:
+            log.error("audit: could not record %s %s by %s (%s): %s", entry.method, entry.target, entry.who,
+                      entry.outcome, exc)
 
     async def require_node(self, node_id: str) -> None:
         if not wire.is_token(node_id) or await self.bus.nodes.get(node_id) is None:
@@ -176,13 +209,19 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             checked = check_request(MessageToDict(request, preserving_proto_field_name=True))
             if checked.node:
                 await self.require_node(checked.node)
-            spec = checked.to_spec(checked.name or f"job-{new_id('x')[2:8]}", time.time())
+            me = caller()
+            mine = [j for j in await self.bus.jobs.values() if j.tenant == me.tenant]
+            self.tenants.check_quota(me.tenant, Usage.of(mine), cpus=checked.cpus, memory=checked.memory_bytes,
+                                     gpus=checked.gpus)
+            spec = checked.to_spec(checked.name or f"job-{new_id('x')[2:8]}", time.time(),
+                                   seal_env(checked.env, self.env_public_key(), me.tenant), tenant=me.tenant)
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.SUBMIT, spec=spec)
 
         return (await self.unary_op("SubmitJob", context, build)).job
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
-        jobs = sorted(await self.bus.jobs.values(), key=lambda j: j.created)
+        me = caller()
+        jobs = sorted((j for j in await self.bus.jobs.values() if me.may_see(j)), key=lambda j: j.created)
         if not request.all:
             jobs = [j for j in jobs if j.state not in TERMINAL_STATES]
         return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs])
@@ -302,14 +341,18 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(msg.data)
 
+        me = caller()
         sub = await self.bus.subscribe(wire.EVT_SUBJECTS, on_event)
         try:
             while True:
                 data = await queue.get()
                 with contextlib.suppress(wire.WireError):
                     event = wire.decode(Event, data)
-                    if not job_id or event.job == job_id:
-                        yield convert.event_to_pb(event)
+                    if job_id and event.job != job_id:
+                        continue
+                    if event.job and not me.admin and await self.tenant_of(event.job) != me.tenant:
+                        continue  # another tenant's job; cluster events (nodes, prices) are everyone's
+                    yield convert.event_to_pb(event)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -344,6 +387,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
 
     async def DrainNode(self, request: pb.DrainNodeRequest, context: Ctx) -> pb.Node:
+        try:
+            caller().require_admin("draining a node")
+        except FerryError as exc:
+            await self.fail(context, exc)
+
         async def build() -> wire.SchedulerCommand:
             await self.require_node(request.node)
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN, node=request.node, stop=request.undo)
@@ -385,6 +433,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     async def Chaos(self, request: pb.ChaosRequest, context: Ctx) -> pb.ChaosResponse:
         with self.span("Chaos", context):
             try:
+                caller().require_admin("chaos")
                 if not request.kind.startswith("fail-live-"):
                     await self.require_node(request.node)
                 deadline, message = await chaos.inject(self.data_dir, request.kind, request.node, request.in_s)
@@ -392,6 +441,33 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                 await self.fail(context, exc)
                 raise AssertionError("unreachable") from exc
             return pb.ChaosResponse(node=request.node, deadline=deadline, message=message)
+
+    async def WhoAmI(self, request: pb.WhoAmIRequest, context: Ctx) -> pb.WhoAmIResponse:
+        me = caller()
+        quota = self.tenants.quota(me.tenant)
+        used = Usage.of([j for j in await self.bus.jobs.values() if j.tenant == me.tenant])
+        return pb.WhoAmIResponse(
+            tenant=me.tenant, role=me.role.value, who=me.who, open=self.tenants.open,
+            quota=pb.Quota(cpus=quota.cpus or 0, memory_bytes=int(quota.memory or 0), gpus=quota.gpus or 0,
+                           jobs=quota.jobs or 0),
+            used=pb.Quota(cpus=used.cpus, memory_bytes=used.memory, gpus=used.gpus, jobs=used.jobs))
+
+    async def ListAudit(self, request: pb.ListAuditRequest, context: Ctx) -> pb.ListAuditResponse:
+        me = caller()
+        if request.since_s < 0 or request.limit < 0:
+            await self.fail(context, UsageError("since and limit must be positive"))
+        subject = wire.AUDIT_SUBJECTS if me.admin else wire.audit_subject(me.tenant)
+        since = time.time() - (request.since_s or 86400.0)
+        try:
+            bodies = await self.bus.read_since(wire.AUDIT_STREAM, subject, since, request.limit or 100)
+        except BusError as exc:
+            await self.fail(context, exc)
+            raise AssertionError("unreachable") from exc
+        entries = []
+        for body in bodies:
+            with contextlib.suppress(wire.WireError):
+                entries.append(convert.audit_to_pb(wire.decode(AuditEntry, body)))
+        return pb.ListAuditResponse(entries=entries)
 
     async def read_log_chunk(self, node: str, req: wire.LogRequest, patience_s: float = 10.0) -> bytes:
         """One chunk of a job's log from its node; waits out a node service that is restarting."""
@@ -419,18 +495,18 @@ class Api(Service):
         parser.add_argument("--grpc", dest="addr", help="HOST:PORT to serve the admin API on (FERRY_ADDR)")
 
     async def start(self) -> None:
+        tenants = Tenants(self.settings.tokens_file, self.settings.token)
+        listener = Listener.from_settings(self.settings)
+        listener.refuse_if_open(tenants.open)
         bus = await self.connect()
-        interceptors: list[grpc.aio.ServerInterceptor] = []
-        if self.settings.token:
-            interceptors.append(TokenInterceptor(self.settings.token))
-        interceptors.append(ErrorInterceptor())
-        self.server = grpc.aio.server(interceptors=interceptors)
-        servicer = AdminServicer(bus, self.settings.api_timeout_s, self.settings.data_dir)
+        servicer = AdminServicer(bus, self.settings, tenants)
+        self.server = grpc.aio.server(interceptors=[AuthInterceptor(tenants, servicer.write_audit), ErrorInterceptor()])
         pb_grpc.add_FerryAdminServicer_to_server(servicer, self.server)
-        if self.server.add_insecure_port(self.settings.addr) == 0:
+        if listener.bind(self.server) == 0:
             raise UsageError(f"cannot listen on {self.settings.addr}: is another Ferry API running there?")
         await self.server.start()
-        log.info("admin API on %s", self.settings.addr)
+        log.info("admin API on %s (%s; %s)", self.settings.addr, listener.describe(),
+                 "no tokens: anyone who reaches it is an admin" if tenants.open else "tokens required")
 
     async def run(self) -> None:
         await self.stopping.wait()

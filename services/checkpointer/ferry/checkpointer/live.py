@@ -137,7 +137,8 @@ class LiveSource(NodeService):
         files = sorted(str(p.relative_to(images)) for p in images.rglob("*")
                        if p.is_file() and p.name not in STAYS_BEHIND)
         assert cmd.checkpoint
-        result = self.store.write_checkpoint(job=live_store_job(cmd.job.id), checkpoint=cmd.checkpoint, parent=None,
+        result = self.store.write_checkpoint(job=live_store_job(cmd.job.id), tenant=cmd.job.tenant,
+                                             checkpoint=cmd.checkpoint, parent=None,
                                              src_dir=images, files=files)
         return result.bytes_logical
 

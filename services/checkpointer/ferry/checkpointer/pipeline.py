@@ -142,7 +142,7 @@ class CheckpointPipeline:
                                   node=host.node_id, criu_version=self.criu_version,
                                   kernel=kernel_release(), final=cmd.stop, incarnation=cmd.incarnation)
         try:
-            existing = await asyncio.to_thread(host.store.read_manifest, job.id, cmd.checkpoint)
+            existing = await asyncio.to_thread(host.store.read_manifest, job.id, cmd.checkpoint, job.tenant)
         except StoreError:
             existing = None
         if existing is not None:  # committed before a restart of this service: report it again
@@ -284,7 +284,8 @@ class CheckpointPipeline:
             # The manifest carries the record so that a restarted checkpointer can report it again.
             preview = record.model_copy()
             result = await asyncio.to_thread(
-                host.store.write_checkpoint, job=job.id, checkpoint=cmd.checkpoint, parent=cmd.parent,
+                host.store.write_checkpoint, job=job.id, tenant=job.tenant, checkpoint=cmd.checkpoint,
+                parent=cmd.parent,
                 src_dir=images, page_maps=page_maps, meta={**meta, "record": preview.model_dump()},
                 progress=progress, verify_all=cmd.stop)  # the job is killed once a final one commits
             record.upload_ms = (time.monotonic() - t0) * 1000

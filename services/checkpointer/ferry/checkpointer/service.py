@@ -21,8 +21,9 @@ from ferry.checkpointer.pipeline import CheckpointPipeline
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
-from ferry.common.errors import FerryError
+from ferry.common.errors import ConfigError, FerryError
 from ferry.common.models import TERMINAL_STATES, Node, NodeState
+from ferry.common.sealing import SealError, open_env, read_key
 from ferry.common.service import service_main
 from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
@@ -254,6 +255,10 @@ class Checkpointer(LiveSource, NodeService):
         return {"launch": self.launch, "kill": self.kill, "checkpoint": self.pipeline.checkpoint,
                 "live_freeze": self.live_freeze, "live_end": self.live_end, "live_resume": self.live_resume}
 
+    def env_key(self) -> bytes:
+        """The private key that opens jobs' environments (read when a job needs it)."""
+        return read_key(self.settings.resolved_env_key_file(public=False), private=True)
+
     async def launch(self, cmd: wire.NodeCommand) -> None:
         job, jd = cmd.job, self.job_dir(cmd.job.id)
         shim = jd.read_shim()
@@ -266,12 +271,12 @@ class Checkpointer(LiveSource, NodeService):
         jd.clear_run_state()
         for f in (jd.stdout, jd.stderr):
             f.write_bytes(b"")
-        env = workload_env(job.env)
-        if job.gpu_uuids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
         try:
+            env = workload_env(open_env(job.env, self.env_key(), job.tenant))
+            if job.gpu_uuids:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
             info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation)
-        except LaunchFailed as exc:
+        except (LaunchFailed, SealError, ConfigError) as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
             return

@@ -98,7 +98,7 @@ class LiveTarget(NodeService):
         images = self.live_images(cmd)
         shutil.rmtree(images, ignore_errors=True)
         try:
-            meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)).meta
+            meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint, job.tenant)).meta
             target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                 inherit={"stdout": str(meta["stdout_path"]), "stderr": str(meta["stderr_path"])},
                                 extra_args=tuple(cmd.options.criu_args), op=cmd.op)
@@ -145,12 +145,13 @@ class LiveTarget(NodeService):
         try:
             if pages is None:
                 raise ValueError("the command names no page source")
-            manifest = await asyncio.to_thread(self.store.read_manifest, pages.store_job, pages.images)
+            manifest = await asyncio.to_thread(self.store.read_manifest, pages.store_job, pages.images, job.tenant)
             images.mkdir(parents=True, exist_ok=True)
             target = prepared or LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                             inherit={"stdout": pages.stdout_path, "stderr": pages.stderr_path},
                                             extra_args=tuple(cmd.options.criu_args), op=cmd.op)
-            fetch = asyncio.to_thread(self.store.restore_files, manifest, images)
+            fetch = asyncio.to_thread(self.store.restore_files, manifest, images,
+                                      reserve=int(self.settings.disk_reserve))
             # Python's start-up for the restore while the images come, unless prepared already
             await (fetch if prepared is not None else asyncio.gather(target.arm(), fetch))
             for name in ("stdout", "stderr"):

@@ -74,11 +74,12 @@ class Migrator(LiveTarget, NodeService):
         shutil.rmtree(images, ignore_errors=True)
         try:
             with _tracer.start_as_current_span("store.fetch"):
-                manifest = await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint)
+                manifest = await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint, job.tenant)
                 gpu = await self.gpu_target(manifest.meta.get("gpu"), job.gpu_uuids)  # refuses before touching
                 images.mkdir(parents=True)
                 await asyncio.to_thread(self.store.restore_files, manifest, images,
-                                        self.progress_reporter(cmd.op, "download"))
+                                        self.progress_reporter(cmd.op, "download"),
+                                        reserve=int(self.settings.disk_reserve))
             meta = json.loads((images / META_FILE).read_text())
             jd.path.mkdir(parents=True, exist_ok=True)
             jd.clear_run_state()
