@@ -109,7 +109,6 @@ async def test_the_scheduler_ends_the_op_of_a_command_it_cannot_decode(cluster: 
     from ferry.common import wire
     from ferry.common.bus import Bus
     from ferry.common.models import Op, OpKind, OpState, new_id
-
     from ferry.common.natsauth import read_creds
 
     creds = read_creds(cluster.data_dir / "secrets" / "nats" / "api.json")  # a client with the API's rights

@@ -275,3 +275,38 @@ async def test_a_memory_source_gone_before_the_target_restores_fails_the_move_at
     assert failed.value.source_running and (target is None or is_gone(target.pid))
     await wait_for("no restore left", lambda: not restores_of(tmp_path / "b-images"), timeout_s=10)
     assert lazy_daemons(tmp_path / "b-images") == []
+
+
+async def test_a_live_move_over_tls_and_a_plain_client_refused(tmp_path: Path, pids: list[int]) -> None:
+    """The page server speaks TLS: the memory crosses encrypted and a peer that does not present
+    a certificate of the cluster's CA gets nothing (the move fails, the source runs on)."""
+    from ferry.common.certs import make_tls
+    from ferry.criu.lazy_common import tls_args
+
+    tls = make_tls(tmp_path / "tls", ["127.0.0.1", "localhost"])
+    args = tls_args(tls.ca, tls.cert, tls.key)
+    src, dst = JobDir(tmp_path / "a" / "job"), JobDir(tmp_path / "b" / "job")
+    script, pid = await start_memhog(tmp_path, src, pids)
+    other = make_tls(tmp_path / "other", ["127.0.0.1"])
+    wrong = LiveMove(src, pid, dst, source_images=tmp_path / "a" / "img1", target_images=tmp_path / "b" / "img1",
+                     incarnation=2, tls_args=args)
+    wrong_target_args = tls_args(other.ca, other.cert, other.key)
+    wrong.tls_args = wrong_target_args  # the target trusts another CA and presents its certificate
+    with pytest.raises(LiveMoveFailed) as failed:
+        await wrong.switch()
+    assert failed.value.source_running
+    assert not is_gone(pid) and src.read_exit() is None
+    seen = len(rounds(src.stdout))
+    await wait_for("rounds after the refused move", lambda: len(rounds(src.stdout)) >= seen + 5)
+
+    move = LiveMove(src, pid, dst, source_images=tmp_path / "a" / "img2", target_images=tmp_path / "b" / "img2",
+                    incarnation=3, tls_args=args)
+    shim = await move.switch()
+    pids.append(shim.pid)
+    result = await move.complete(timeout_s=40)
+    assert (result.bytes_lazy or 0) >= 64 << 20, result  # the memory came over the TLS connection
+    before = len(rounds(src.stdout))
+    await wait_for("rounds on the target", lambda: len(rounds(dst.stdout)) >= before + 10, timeout_s=20)
+    moved = rounds(dst.stdout)
+    assert moved == reference(script, len(moved))
+    await kill_tree(shim.pid, grace_s=0)

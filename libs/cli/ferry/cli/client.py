@@ -41,8 +41,9 @@ class Client:
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError as exc:
+            hint = "" if os.environ.get("FERRY_TLS_CA") else "; if it speaks TLS, set FERRY_TLS_CA to its CA"
             raise FerryError(f"cannot reach the Ferry API at {self.addr}: is `ferry up` running? "
-                             "(set FERRY_ADDR to its address)") from exc
+                             f"(set FERRY_ADDR to its address{hint})") from exc
         self.stub = pb_grpc.FerryAdminStub(self.channel)
 
     def call(self, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-port", type=int, default=0, help="port for the embedded NATS server (default: free)")
     p.add_argument("--nats-cluster", type=int, default=1, metavar="N",
                    help="run N NATS servers as one JetStream cluster (3: R3 streams and KV, any one may die)")
+    p.add_argument("--tls", action="store_true", help="TLS for NATS, the API and the page servers of live moves, "
+                   "with a CA made in DATA_DIR/secrets/tls (clients: FERRY_TLS_CA=DATA_DIR/secrets/tls/ca.pem)")
     p.add_argument("--cluster", metavar="FILE", help="YAML of simulated nodes with labels, capacity and price "
                                                      "(instead of --nodes)")
 

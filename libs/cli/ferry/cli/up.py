@@ -22,8 +22,10 @@ from types import FrameType
 
 import grpc
 
+from ferry.cli.client import open_channel
 from ferry.cli.nats_guard import FULL_BYTES, RESERVE_BYTES, DiskReserve, ReserveAction, has_write_error, server_health
 from ferry.cli.secrets import creds_file, ensure_secrets
+from ferry.common.certs import TlsFiles, make_tls
 from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
 from ferry.common.natsauth import authorization_block, node_user, read_creds
@@ -111,11 +113,15 @@ class AllInOne:
         self.disk_checked_at = 0.0
         self.reserve_taken: list[float] = []
         self.disk_trouble_until = 0.0
-        self.nats_url = ",".join(f"nats://127.0.0.1:{p}" for p in self.nats_ports)
+        self.tls = TlsFiles(self.data_dir / "secrets" / "tls") if getattr(args, "tls", False) else None
+        scheme = "tls" if self.tls else "nats"
+        self.nats_url = ",".join(f"{scheme}://127.0.0.1:{p}" for p in self.nats_ports)
         self.stopping = False
         env = dict(os.environ)
         env.update({"FERRY_NATS_URL": self.nats_url, "FERRY_DATA_DIR": str(self.data_dir), "FERRY_ADDR": self.addr,
                     "PYTHONUNBUFFERED": "1"})
+        if self.tls is not None:
+            env.update({"FERRY_NATS_CA": str(self.tls.ca), "FERRY_TLS_CA": str(self.tls.ca)})
         if members > 1:
             env["FERRY_NATS_REPLICAS"] = "3"  # every stream and bucket survives the loss of any one server
         if args.store:
@@ -138,11 +144,18 @@ class AllInOne:
 
         self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", {**env, **creds(name)})
                          for name in CONTROL_PLANE]
+        if self.tls is not None:  # the API serves TLS; its clients (ferry up too) trust the CA
+            api = next(c for c in self.children if c.name == "api")
+            api.env.update({"FERRY_TLS_CERT": str(self.tls.cert), "FERRY_TLS_KEY": str(self.tls.key)})
+            del api.env["FERRY_TLS_CA"]  # for the API this would mean: clients need certificates
         self.node_children: dict[str, list[Child]] = {}
         for spec in specs:
             node, url = spec.id, self.metadata_url(spec.id)
             node_env = {**env, "FERRY_NODE_SPEC": spec.model_dump_json(),
                         "FERRY_INTERRUPTION_SOURCES": f"aws={url},gcp={url},azure={url}"}
+            if self.tls is not None:
+                node_env.update({"FERRY_PAGE_TLS_CERT": str(self.tls.cert), "FERRY_PAGE_TLS_KEY": str(self.tls.key),
+                                 "FERRY_PAGE_TLS_CA": str(self.tls.ca)})
             meta = Child(f"metadata@{node}", [*py, "ferry.sim.metadata_server", "--port",
                                               str(self.metadata_ports[node])], logs / f"metadata-{node}.log", env)
             services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], logs / f"{svc}-{node}.log",
@@ -169,6 +182,8 @@ class AllInOne:
                     f"  max_memory_store: {64 << 20}\n"
                     "}\n"
                     f"http: 127.0.0.1:{self.monitor_ports[i]}\n"
+                    + (f'tls {{\n  cert_file: "{self.tls.cert}"\n  key_file: "{self.tls.key}"\n'
+                       f'  ca_file: "{self.tls.ca}"\n  timeout: 5\n}}\n' if self.tls else "")
                     + authorization_block(self.passwords))
             if self.route_ports:
                 routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.route_ports) if j != i)
@@ -189,7 +204,8 @@ class AllInOne:
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        channel = grpc.insecure_channel(self.addr)
+        channel = open_channel(self.addr) if self.tls is None else grpc.secure_channel(
+            self.addr, grpc.ssl_channel_credentials(root_certificates=self.tls.ca.read_bytes()))
         token = os.environ.get("FERRY_TOKEN", "")
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         stub = pb_grpc.FerryAdminStub(channel)
@@ -233,6 +249,10 @@ class AllInOne:
     def security_summary(self) -> str:
         """What is open in this cluster, said at start (plain text is allowed on loopback only)."""
         tokens = self.children[0].env.get("FERRY_TOKENS_FILE") or os.environ.get("FERRY_TOKEN")
+        if self.tls is not None:
+            return (f"security: TLS for NATS, the API and live moves' page servers (CA {self.tls.ca}: "
+                    f"export FERRY_TLS_CA={self.tls.ca}); NATS users per service; checkpoints sealed; API "
+                    + ("tokens required" if tokens else "without tokens: anyone who reaches it is its admin"))
         return ("security: NATS and the API in plain text on loopback; NATS users per service in "
                 f"{self.secrets / 'nats'}; checkpoints sealed with {self.secrets / 'store.keys'}; API "
                 + ("tokens required" if tokens else "without tokens: anyone on this machine is its admin "
@@ -344,6 +364,8 @@ class AllInOne:
         signal.signal(signal.SIGTERM, on_signal)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.passwords = ensure_secrets(self.secrets, self.nodes)
+        if self.tls is not None:
+            make_tls(self.tls.folder, ["127.0.0.1", "localhost", socket.gethostname()])
         try:
             self.write_nats_config()
             self.guard_disk()  # takes the reserve before NATS writes anything

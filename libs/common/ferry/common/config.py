@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     criu_bin: str = "criu"
     postcopy: bool = True  # node services: false keeps live moves from this node to pre-copy rounds
     node_ip: str = "127.0.0.1"  # node services: where other nodes reach this one (a live move's page server)
+    # node services: the page server of live moves speaks TLS with these (PEM; all three, or none)
+    page_tls_cert: Path | None = None
+    page_tls_key: Path | None = None
+    page_tls_ca: Path | None = None
     keep_checkpoints: int = Field(default=0, ge=0)  # per job, newest kept; 0 keeps all (then unused chunks go)
     scratch_dir: str = ""  # node services: where images are staged (default: /dev/shm if tmpfs, else work dir)
     disk_reserve: ByteSize = ByteSize(256 << 20)  # node services: kept free in scratch and a local store

@@ -170,8 +170,10 @@ class LiveMove:
         copy: CopyImages = copy_images,
         python: str = sys.executable,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls_args: tuple[str, ...] = (),
     ) -> None:
         self.source = source
+        self.tls_args = tls_args
         self.pid = pid
         self.target = target
         self.source_images = Path(source_images).absolute()
@@ -184,7 +186,7 @@ class LiveMove:
         self.python = python
         self.timeout_s = timeout_s
         self._src = LazySource(source, pid, self.source_images, criu_bin=criu_bin, address=address, port=port,
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, tls_args=tls_args)
         self._tgt: LazyTarget | None = None
         self._frozen: Frozen | None = None
         self._switched = False
@@ -213,7 +215,8 @@ class LiveMove:
             keys = external_keys(self.pid, outputs)  # what the freeze will name them (ferry.criu.external)
             inherit = {p.name: keys.get(str(p), str(p)) for p in outputs}
             self._tgt = LazyTarget(self.target, self.target_images, incarnation=self.incarnation, inherit=inherit,
-                                   criu_bin=self.criu_bin, python=self.python, timeout_s=self.timeout_s)
+                                   criu_bin=self.criu_bin, python=self.python, timeout_s=self.timeout_s,
+                                   tls_args=self.tls_args)
             await self._tgt.arm()  # Python's start-up, before the freeze
             self._mark("start")
             self._frozen = frozen = await self._src.freeze()  # undoes itself on failure

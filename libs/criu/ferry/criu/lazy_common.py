@@ -338,3 +338,11 @@ def transferred_pages(log_path: Path) -> int | None:
         return None
     found = _TRANSFERRED.findall(text)
     return sum(int(copied) for copied, _total in found) if found else None
+
+
+def tls_args(ca: Path | None, cert: Path | None, key: Path | None) -> tuple[str, ...]:
+    """CRIU's flags for a page server (and its client) that speak only TLS, each side presenting
+    its certificate and trusting only ``ca``; () without a certificate: plain text."""
+    if cert is None or key is None or ca is None:
+        return ()
+    return ("--tls", "--tls-cacert", str(ca), "--tls-cert", str(cert), "--tls-key", str(key))

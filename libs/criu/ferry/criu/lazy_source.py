@@ -87,9 +87,11 @@ class LazySource:
         port: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         extra_args: tuple[str, ...] = (),
+        tls_args: tuple[str, ...] = (),
     ) -> None:
         self.job_dir = job_dir
         self.pid = pid
+        self.tls_args = tls_args  # the page server's TLS (ferry.criu.lazy_common.tls_args)
         self.images = Path(images).absolute()
         self.criu_bin = criu_bin
         self.address = address
@@ -136,7 +138,7 @@ class LazySource:
         jd = self.job_dir
         outputs = [jd.stdout, jd.stderr]
         script = write_size_script(self.images, self.images, outputs)
-        argv = [criu, "dump", "--lazy-pages", "--address", self.address, "--port", str(port)]
+        argv = [criu, "dump", "--lazy-pages", "--address", self.address, "--port", str(port), *self.tls_args]
         argv += ["-t", str(self.pid), "-D", str(self.images), "-o", DUMP_LOG, "-v4", *DUMP_MOUNTS]
         keys = external_keys(self.pid, outputs)
         argv += ["--leave-running", "--action-script", str(script), *dump_args(keys), *self.extra_args]

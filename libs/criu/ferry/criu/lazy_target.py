@@ -66,7 +66,9 @@ class LazyTarget:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         extra_args: tuple[str, ...] = (),
         op: str | None = None,
+        tls_args: tuple[str, ...] = (),
     ) -> None:
+        self.tls_args = tls_args  # to the source's page server (ferry.criu.lazy_common.tls_args)
         criu = find_criu(criu_bin)
         if criu is None:
             raise LiveMoveFailed(f"criu binary {criu_bin!r} not found: {setup_hint()}", source_running=True)
@@ -97,7 +99,7 @@ class LazyTarget:
 
         On failure whatever started is stopped again and the error raised (the source must resume)."""
         t0 = time.monotonic()
-        argv = [self.criu, "lazy-pages", "--page-server", "--address", address, "--port", str(port)]
+        argv = [self.criu, "lazy-pages", "--page-server", "--address", address, "--port", str(port), *self.tls_args]
         argv += ["-D", str(self.images), "-o", LAZY_LOG, "-v4"]
         try:
             if not await self.lazy.start(argv, self.timeout_s):

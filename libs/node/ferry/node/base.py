@@ -15,9 +15,12 @@ from nats.aio.msg import Msg
 
 from ferry.common import wire
 from ferry.common.bus import keep_alive
+from ferry.common.config import Settings
+from ferry.common.errors import ConfigError
 from ferry.common.service import Service
 from ferry.common.tracing import extract, tracer
 from ferry.criu.jobdir import JobDir
+from ferry.criu.lazy_common import tls_args
 from ferry.sim.faults import FaultHook
 from ferry.store.url import open_store
 
@@ -40,8 +43,6 @@ class NodeService(Service):
 
     async def start(self) -> None:
         if not self.settings.node_id:
-            from ferry.common.errors import ConfigError
-
             raise ConfigError("no node id: pass --node or set FERRY_NODE_ID")
         self.node_id = self.settings.node_id
         self.work_dir = self.settings.node_work_dir().resolve()
@@ -134,6 +135,15 @@ def scratch_dir(configured: str, work_dir: Path, node_id: str) -> Path:
                                 for line in Path("/proc/mounts").read_text().splitlines()):
             return shm / "ferry" / own
     return work_dir / "scratch"
+
+
+def page_tls(settings: Settings) -> tuple[str, ...]:
+    """CRIU's TLS flags for the page server of live moves (FERRY_PAGE_TLS_CERT/_KEY/_CA), or ()."""
+    given = [settings.page_tls_cert, settings.page_tls_key, settings.page_tls_ca]
+    if any(given) and not all(given):
+        raise ConfigError("the page server's TLS needs FERRY_PAGE_TLS_CERT, FERRY_PAGE_TLS_KEY and "
+                          "FERRY_PAGE_TLS_CA together")
+    return tls_args(settings.page_tls_ca, settings.page_tls_cert, settings.page_tls_key)
 
 
 def workload_env(job_env: dict[str, str]) -> dict[str, str]:

@@ -37,6 +37,7 @@ from ferry.v1 import ferry_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 _tracer = tracer("api")
 DRAIN_SETTLED = frozenset({JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
+AUDIT_LIMIT_MAX = 10_000
 OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) is read again after this
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
@@ -454,8 +455,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def ListAudit(self, request: pb.ListAuditRequest, context: Ctx) -> pb.ListAuditResponse:
         me = caller()
-        if request.since_s < 0 or request.limit < 0:
-            await self.fail(context, UsageError("since and limit must be positive"))
+        if not 0 <= request.since_s <= wire.AUDIT_MAX_AGE_S:  # NaN fails too
+            await self.fail(context, UsageError(f"bad --since: between 0 and {wire.AUDIT_MAX_AGE_S // 86400} days "
+                                                "(what the audit stream keeps)"))
+        if not 0 <= request.limit <= AUDIT_LIMIT_MAX:
+            await self.fail(context, UsageError(f"bad --limit {request.limit}: from 1 to {AUDIT_LIMIT_MAX}"))
         subject = wire.AUDIT_SUBJECTS if me.admin else wire.audit_subject(me.tenant)
         since = time.time() - (request.since_s or 86400.0)
         try:
@@ -493,6 +497,11 @@ class Api(Service):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--grpc", dest="addr", help="HOST:PORT to serve the admin API on (FERRY_ADDR)")
+        parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM; FERRY_TLS_CERT)")
+        parser.add_argument("--tls-key", help="and this key (FERRY_TLS_KEY)")
+        parser.add_argument("--tls-ca", help="mutual TLS: clients must present a certificate of this CA "
+                            "(FERRY_TLS_CA)")
+        parser.add_argument("--tokens-file", help="API tokens, tenants and quotas (FERRY_TOKENS_FILE)")
 
     async def start(self) -> None:
         tenants = Tenants(self.settings.tokens_file, self.settings.token)

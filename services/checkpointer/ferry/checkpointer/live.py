@@ -30,7 +30,7 @@ from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
 from ferry.criu.lazy_source import LazySource
 from ferry.criu.linux import is_gone
-from ferry.node.base import LOGS_DIR, NodeService, snapshot_logs
+from ferry.node.base import LOGS_DIR, NodeService, page_tls, snapshot_logs
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
 
@@ -95,6 +95,7 @@ class LiveSource(NodeService):
         images = self.scratch_dir / f"live-{job.id}-{cmd.checkpoint}"
         shutil.rmtree(images, ignore_errors=True)
         source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
+                            tls_args=page_tls(self.settings),
                             extra_args=criu_dump_args(cmd.options.criu_args))
         self.live[job.id] = source
         try:

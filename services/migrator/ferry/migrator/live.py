@@ -24,7 +24,7 @@ from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import PAGE_SIZE, LiveMoveFailed
 from ferry.criu.lazy_record import OrphanTarget
 from ferry.criu.lazy_target import LazyTarget
-from ferry.node.base import LOGS_DIR, NodeService
+from ferry.node.base import LOGS_DIR, NodeService, page_tls
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
 
@@ -100,6 +100,7 @@ class LiveTarget(NodeService):
         try:
             meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint, job.tenant)).meta
             target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
+                                tls_args=page_tls(self.settings),
                                 inherit={"stdout": str(meta["stdout_path"]), "stderr": str(meta["stderr_path"])},
                                 extra_args=tuple(cmd.options.criu_args), op=cmd.op)
             await target.arm()
@@ -148,6 +149,7 @@ class LiveTarget(NodeService):
             manifest = await asyncio.to_thread(self.store.read_manifest, pages.store_job, pages.images, job.tenant)
             images.mkdir(parents=True, exist_ok=True)
             target = prepared or LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
+                                            tls_args=page_tls(self.settings),
                                             inherit={"stdout": pages.stdout_path, "stderr": pages.stderr_path},
                                             extra_args=tuple(cmd.options.criu_args), op=cmd.op)
             fetch = asyncio.to_thread(self.store.restore_files, manifest, images,

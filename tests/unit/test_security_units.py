@@ -1,0 +1,163 @@
+"""The pure parts of the security model: NATS permissions per role, tokens and tenants, sealed
+environments, where the API may listen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ferry.common import wire
+from ferry.common.config import Settings
+from ferry.common.errors import ConfigError, PermissionDenied, QuotaExceeded
+from ferry.common.models import Job
+from ferry.common.natsauth import authorization_block, node_user, permissions, read_creds, users_for
+from ferry.common.sealing import SealError, new_key_pair, open_env, seal_env
+from ferry.common.tenancy import OPEN, Principal, Role, Tenants, Usage, token_hash
+from ferry.common.tls import is_loopback
+from ferry.store.keys import write_private
+
+
+def _allowed(user: str, direction: str = "publish") -> list[str]:
+    return permissions(user)[direction]["allow"]
+
+
+def test_only_the_scheduler_commands_nodes_and_creates_streams() -> None:
+    for user in users_for(["n1", "n2"]):
+        pub = _allowed(user)
+        commands_nodes = "ferry.cmd.node.>" in pub
+        assert commands_nodes == (user == "scheduler"), user
+        assert ("$JS.API.STREAM.CREATE.*" in pub) == (user == "scheduler"), user
+        assert not any(s in pub for s in (">", "$JS.API.>", "ferry.>", "$JS.API.STREAM.DELETE.*")), user
+
+
+def test_a_node_speaks_only_for_itself() -> None:
+    pub = _allowed(node_user("checkpointer", "n1"))
+    assert "ferry.evt.node.n1.>" in pub and "$KV.ferry_nodes.n1" in pub
+    assert not [s for s in pub if "n2" in s or s in (wire.SCHEDULER_CMD, "$KV.ferry_jobs.>", "$KV.ferry_nodes.>")]
+    # its commands only through its own consumer, filtered to its own subject
+    assert f"$JS.API.CONSUMER.CREATE.FERRY_CMD.checkpointer-n1.{wire.node_cmd_subject('n1', 'checkpointer')}" in pub
+    assert not [s for s in pub if s.startswith("$JS.API.CONSUMER.CREATE.FERRY_CMD") and "checkpointer-n1" not in s]
+
+
+def test_the_api_submits_but_never_commands_a_node() -> None:
+    pub = _allowed("api")
+    assert wire.SCHEDULER_CMD in pub and "$KV.ferry_ops.>" in pub and wire.AUDIT_SUBJECTS in pub
+    assert not [s for s in pub if s.startswith("ferry.cmd.node") or s.startswith("$KV.ferry_jobs")]
+
+
+def test_the_server_configuration_names_every_user(tmp_path: Path) -> None:
+    users = users_for(["n1"])
+    text = authorization_block({u: f"pw-{u}" for u in users})
+    for user in users:
+        assert f'{{user: "{user}", password: "pw-{user}"' in text
+    assert text.count("allow_responses: true") == len(users)
+    with pytest.raises(ConfigError, match="no NATS role"):
+        permissions("root")
+
+
+def test_credentials_files_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "api.json"
+    write_private(path, '{"user": "api", "password": "x"}')
+    assert read_creds(path).user == "api"
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        read_creds(path)
+
+
+def test_a_sealed_environment_opens_only_on_a_node_for_its_tenant() -> None:
+    private, public = new_key_pair()
+    sealed = seal_env({"API_KEY": "s3cr3t", "B": ""}, public, "acme")
+    assert sealed.names == ["API_KEY", "B"] and "s3cr3t" not in sealed.model_dump_json()
+    assert open_env(sealed, private, "acme") == {"API_KEY": "s3cr3t", "B": ""}
+    with pytest.raises(SealError, match="tenant globex"):
+        open_env(sealed, private, "globex")  # copied into another tenant's job
+    with pytest.raises(SealError):
+        open_env(sealed, new_key_pair()[0], "acme")  # another cluster's key
+    renamed = sealed.model_copy(update={"names": ["OTHER", "B"]})
+    with pytest.raises(SealError, match="names"):
+        open_env(renamed, private, "acme")
+
+
+def _tokens(tmp_path: Path) -> tuple[Tenants, dict[str, str]]:
+    tokens = {"a": "tok-acme", "g": "tok-globex", "root": "tok-admin"}
+    path = tmp_path / "tokens.yaml"
+    write_private(path, f"""
+tokens:
+  - {{sha256: {token_hash(tokens['a'])}, tenant: acme, name: ci}}
+  - {{sha256: {token_hash(tokens['g'])}, tenant: globex, role: user}}
+  - {{sha256: {token_hash(tokens['root'])}, tenant: ops, role: admin, name: alice}}
+tenants:
+  acme: {{quota: {{cpus: 4, memory: 1GiB, jobs: 2}}}}
+""")
+    return Tenants(path), tokens
+
+
+def test_tokens_map_to_tenants_and_roles(tmp_path: Path) -> None:
+    tenants, tokens = _tokens(tmp_path)
+    assert tenants.principal(tokens["a"]) == Principal(tenant="acme", role=Role.USER, who="ci")
+    assert tenants.principal(tokens["root"]).admin  # type: ignore[union-attr]
+    assert tenants.principal("guess") is None and tenants.principal("") is None
+    assert not tenants.open and Tenants(None).open and Tenants(None).principal("") == OPEN
+    with_admin = Tenants(None, "adm")
+    assert with_admin.principal("adm").admin and with_admin.principal("x") is None  # type: ignore[union-attr]
+
+
+def test_a_revoked_token_stops_working_without_a_restart(tmp_path: Path) -> None:
+    tenants, tokens = _tokens(tmp_path)
+    path = tmp_path / "tokens.yaml"
+    text = "\n".join(line for line in path.read_text().splitlines() if "globex" not in line)
+    write_private(path, text)
+    import os
+
+    os.utime(path, (1, 1))  # a different mtime, as a later write has
+    assert tenants.principal(tokens["g"]) is None and tenants.principal(tokens["a"]) is not None
+
+
+def test_quotas_and_admin_only_calls(tmp_path: Path) -> None:
+    tenants, _ = _tokens(tmp_path)
+    running = [Job(id="j1", name="a", argv=["x"], tenant="acme", cpus=3, memory_bytes=512 << 20)]
+    usage = Usage.of(running)
+    tenants.check_quota("acme", usage, cpus=1, memory=0, gpus=0)
+    with pytest.raises(QuotaExceeded, match="would use 5 cpus, over its quota of 4"):
+        tenants.check_quota("acme", usage, cpus=2, memory=0, gpus=0)
+    with pytest.raises(QuotaExceeded, match="memory"):
+        tenants.check_quota("acme", usage, cpus=0, memory=600 << 20, gpus=0)
+    tenants.check_quota("globex", usage, cpus=1000, memory=0, gpus=8)  # no quota: no limit
+    user = Principal(tenant="acme", role=Role.USER, who="ci")
+    with pytest.raises(PermissionDenied, match="draining a node is for admins"):
+        user.require_admin("draining a node")
+    assert user.may_see(running[0]) and not Principal(tenant="globex", role=Role.USER).may_see(running[0])
+
+
+def test_a_bad_tokens_file_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.yaml"
+    write_private(path, "tokens: [{sha256: nothex, tenant: a}]")
+    with pytest.raises(ConfigError, match=r"tokens\.0\.sha256"):
+        Tenants(path)
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        Tenants(path)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("localhost", True), ("[::1]", True),
+                                                ("0.0.0.0", False), ("10.0.0.5", False), ("ferry.example", False)])
+def test_what_counts_as_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_the_api_refuses_to_listen_beyond_loopback_in_the_clear(tmp_path: Path) -> None:
+    from ferry.api.listen import Listener
+
+    Listener.from_settings(Settings(addr="127.0.0.1:7070")).refuse_if_open(True)  # all-in-one: allowed
+    with pytest.raises(ConfigError, match="plain text: beyond loopback it needs TLS"):
+        Listener.from_settings(Settings(addr="0.0.0.0:7070")).refuse_if_open(False)
+    from ferry.common.certs import make_tls
+
+    tls = make_tls(tmp_path / "tls", ["127.0.0.1"])
+    secure = Listener.from_settings(Settings(addr="0.0.0.0:7070", tls_cert=tls.cert, tls_key=tls.key))
+    with pytest.raises(ConfigError, match="without tokens"):
+        secure.refuse_if_open(True)
+    secure.refuse_if_open(False)
+    with pytest.raises(ConfigError, match="both FERRY_TLS_CERT and FERRY_TLS_KEY"):
+        Listener.from_settings(Settings(tls_cert=tls.cert))
