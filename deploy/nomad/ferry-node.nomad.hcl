@@ -3,7 +3,12 @@
 #   nomad var put nomad/jobs/ferry-node \
 #     store_url='s3://ferry-checkpoints?endpoint=minio.example.internal:9000&secure=0' \
 #     s3_access_key=ferry s3_secret_key=...
+#   ferry keys secret ./keys --format nomad | nomad var put -in json nomad/jobs/ferry-node/keys -
 #   nomad job run deploy/nomad/ferry-node.nomad.hcl
+#
+# (./keys: what `ferry keys init` made for ferry.nomad.hcl.) The task renders its items into its
+# secrets/ folder: each service's NATS user, the store's keyring, the key that opens jobs'
+# environments, the TLS of the page server of live moves.
 #
 # A system job: one allocation per eligible client (restrict it with a constraint, e.g. on
 # ${meta.ferry_node}). Driver: privileged docker with the image of deploy/Dockerfile, which brings
@@ -48,9 +53,9 @@ locals {
       sleep 5
     done
   }
-  supervise python -m ferry.checkpointer &
+  supervise env FERRY_NATS_CREDS="$KEYS_DIR/nats-checkpointer.json" python -m ferry.checkpointer &
   checkpointer=$!
-  supervise python -m ferry.migrator &
+  supervise env FERRY_NATS_CREDS="$KEYS_DIR/nats-migrator.json" python -m ferry.migrator &
   migrator=$!
   trap 'kill -TERM "$checkpointer" "$migrator" 2>/dev/null' TERM INT
   while kill -0 "$checkpointer" 2>/dev/null || kill -0 "$migrator" 2>/dev/null; do
@@ -113,16 +118,87 @@ job "ferry-node" {
       }
 
       env {
-        FERRY_CONFIG   = "/local/ferry.yaml"
-        FERRY_NODE_ID  = "${node.unique.name}"
-        FERRY_DATA_DIR = "/var/lib/ferry"
+        FERRY_CONFIG         = "/local/ferry.yaml"
+        FERRY_NODE_ID        = "${node.unique.name}"
+        FERRY_DATA_DIR       = "/var/lib/ferry"
+        KEYS_DIR             = "/secrets"
+        FERRY_STORE_KEY_FILE = "/secrets/store.keys"
+        FERRY_ENV_KEY_FILE   = "/secrets/env.key"
+        FERRY_PAGE_TLS_CERT  = "/secrets/tls-server.pem"
+        FERRY_PAGE_TLS_KEY   = "/secrets/tls-server.key"
+        FERRY_PAGE_TLS_CA    = "/secrets/tls-ca.pem"
       }
+
+      template {
+        destination = "secrets/nats-checkpointer.json"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "nats-checkpointer.json" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/nats-migrator.json"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "nats-migrator.json" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/store.keys"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "store.keys" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/env.key"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "env.key" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-ca.pem"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "tls-ca.pem" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-server.pem"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "tls-server.pem" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-server.key"
+        perms       = "0400"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry-node/keys" }}{{ index . "tls-server.key" }}{{ end }}
+        EOT
+      }
+
 
       template {
         destination = "local/ferry.yaml"
         change_mode = "noop" # a restart kills the workloads: restart by hand after moving them
         data        = <<-EOT
-        nats_url: "{{ range $i, $s := nomadService "nats" }}{{ if $i }},{{ end }}nats://{{ $s.Address }}:{{ $s.Port }}{{ end }}"
+        nats_url: "{{ range $i, $s := nomadService "nats" }}{{ if $i }},{{ end }}tls://{{ $s.Address }}:{{ $s.Port }}{{ end }}"
+        nats_ca: /secrets/tls-ca.pem
         nats_replicas: 3
         data_dir: /var/lib/ferry
         heartbeat_interval_s: 1.0

@@ -1,7 +1,11 @@
 # NATS with JetStream for Ferry: three servers in one JetStream cluster, one per client, each with
 # its store on a host volume.
 #
+#   ferry keys secret ./keys --format nomad | nomad var put -in json nomad/jobs/nats/keys -
 #   nomad job run deploy/nomad/nats.nomad.hcl
+#
+# (./keys: see ferry.nomad.hcl; its TLS hosts must name the servers' addresses.) Clients and routes
+# speak TLS; Ferry's users and their permissions come from nats-auth.conf.
 #
 # Needs, on each of three clients, a host volume in the client configuration:
 #   client { host_volume "nats-data" { path = "/var/lib/nats" read_only = false } }
@@ -94,6 +98,12 @@ job "nats" {
         listen: 0.0.0.0:4222
         http_port: 8222
         lame_duck_duration: 30s
+        include "../secrets/nats-auth.conf"
+        tls {
+          cert_file: "/secrets/tls-server.pem"
+          key_file: "/secrets/tls-server.key"
+          ca_file: "/secrets/tls-ca.pem"
+        }
         jetstream {
           store_dir: /data
           sync_interval: always
@@ -109,9 +119,55 @@ job "nats" {
           {{- end }}
           ]
           connect_retries: 120
+          tls {
+            cert_file: "/secrets/tls-server.pem"
+            key_file: "/secrets/tls-server.key"
+            ca_file: "/secrets/tls-ca.pem"
+          }
         }
         EOT
       }
+
+      template {
+        destination = "secrets/nats-auth.conf"
+        perms       = "0400"
+        change_mode = "signal"
+        change_signal = "SIGHUP"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/nats/keys" }}{{ index . "nats-auth.conf" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-ca.pem"
+        perms       = "0400"
+        change_mode = "signal"
+        change_signal = "SIGHUP"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/nats/keys" }}{{ index . "tls-ca.pem" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-server.pem"
+        perms       = "0400"
+        change_mode = "signal"
+        change_signal = "SIGHUP"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/nats/keys" }}{{ index . "tls-server.pem" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-server.key"
+        perms       = "0400"
+        change_mode = "signal"
+        change_signal = "SIGHUP"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/nats/keys" }}{{ index . "tls-server.key" }}{{ end }}
+        EOT
+      }
+
 
       volume_mount {
         volume      = "data"

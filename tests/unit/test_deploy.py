@@ -224,11 +224,35 @@ def test_statefulsets_name_an_existing_headless_service() -> None:
 NATS_SERVER = Path(sys.executable).parent / "nats-server"
 
 
-def nats_config_is_valid(text: str, env: dict[str, str]) -> None:
-    """nats-server itself parses the configuration (`-t`: test the file and exit)."""
+def made_keys(folder: Path) -> dict[str, bytes]:
+    """What `ferry keys init --tls-hosts ...` makes, under the names of the Secret ferry-keys."""
+    import base64
+
+    from ferry.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["keys", "init", str(folder), "--tls-hosts", "nats.ferry.svc,ferry-api.ferry.svc", "-o", "json"])
+    assert done.value.code == 0
+    from ferry.cli.secrets import kubernetes_secret
+
+    secret = yaml.safe_load(kubernetes_secret(folder, "ferry-keys", NAMESPACE))
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+def nats_config_is_valid(text: str, env: dict[str, str], layout: tuple[str, str, str] = ("nats", "nats-keys",
+                                                                                           "/etc/nats-keys/")) -> None:
+    """nats-server itself parses the configuration (`-t`: test the file and exit), with the users,
+    permissions and TLS files `ferry keys init` makes."""
     with tempfile.TemporaryDirectory() as tmp:
-        conf = Path(tmp) / "nats.conf"
-        conf.write_text(text.replace("store_dir: /data", f"store_dir: {tmp}/data"))
+        conf_dir, keys_dir, keys_path = layout  # the config's folder, the keys' folder beside it, their path
+        keys = Path(tmp) / keys_dir
+        keys.mkdir()
+        for name, data in made_keys(Path(tmp) / "made").items():
+            (keys / name).write_bytes(data)
+        conf = Path(tmp) / conf_dir / "nats.conf"  # beside the keys, as in the pod or the task
+        conf.parent.mkdir()
+        conf.write_text(text.replace("store_dir: /data", f"store_dir: {tmp}/data")
+                        .replace(f'"{keys_path}', f'"{keys}/'))
         done = subprocess.run([str(NATS_SERVER), "-c", str(conf), "-t"], capture_output=True, text=True,
                               env={**os.environ, **env}, timeout=30)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -309,7 +333,16 @@ def test_ferry_variables_are_real_settings() -> None:
 def test_secret_keys_are_real_and_every_reference_resolves() -> None:
     secret = the("Secret", "ferry-secrets")
     keys = set(secret.get("stringData", {})) | set(secret.get("data", {}))
-    assert keys == {"FERRY_TOKEN", "FERRY_S3_ACCESS_KEY", "FERRY_S3_SECRET_KEY"}
+    assert keys == {"FERRY_S3_ACCESS_KEY", "FERRY_S3_SECRET_KEY"}
+    with tempfile.TemporaryDirectory() as tmp:
+        made = made_keys(Path(tmp) / "keys")
+    for doc in workloads():  # every item a pod mounts from ferry-keys is one `ferry keys secret` makes
+        for volume in pod_spec(doc).get("volumes", []):
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] == "ferry-keys", doc["metadata"]["name"]
+                wanted = {item["key"] for item in volume["secret"]["items"]}
+                assert wanted <= set(made) | {"tokens.yaml"}, (doc["metadata"]["name"], wanted - set(made))
+                assert not volume["secret"]["defaultMode"] & 0o007, "keys readable by others"
     configmaps = {cm["metadata"]["name"]: set(cm["data"]) for cm in objects("ConfigMap")}
     for doc in workloads():
         for container in containers(doc):
@@ -383,7 +416,18 @@ def test_api_service_reaches_the_api(settings: Settings) -> None:
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
     (service_port,) = the("Service", "ferry-api")["spec"]["ports"]
     assert named[service_port["targetPort"]] == int(port) == service_port["port"] == 7070
-    assert env_value(container, "FERRY_TOKEN")["valueFrom"]["secretKeyRef"]["key"] == "FERRY_TOKEN"
+    # beyond loopback: TLS and tokens, or the API does not start
+    assert env_value(container, "FERRY_TLS_CERT")["value"].startswith("/etc/ferry-keys/")
+    assert env_value(container, "FERRY_TOKENS_FILE")["value"] == "/etc/ferry-keys/tokens.yaml"
+    from ferry.api.listen import Listener
+
+    with tempfile.TemporaryDirectory() as tmp:
+        made = made_keys(Path(tmp) / "keys")
+        for name in ("tls-server.pem", "tls-server.key"):
+            (Path(tmp) / name).write_bytes(made[name])
+        listener = Listener.from_settings(Settings(addr="0.0.0.0:7070", tls_cert=Path(tmp) / "tls-server.pem",
+                                                   tls_key=Path(tmp) / "tls-server.key"))
+        listener.refuse_if_open(False)
 
 
 # -- Kubernetes: the node DaemonSet ---------------------------------------------------------------
@@ -442,7 +486,7 @@ def service_endpoint(host: str) -> tuple[str, Doc]:
 
 def test_config_loads_and_points_at_the_services(settings: Settings) -> None:
     nats = urlsplit(settings.nats_url)
-    assert nats.scheme == "nats" and nats.hostname and nats.port
+    assert nats.scheme == "tls" and nats.hostname and nats.port and settings.nats_ca is not None
     namespace, service = service_endpoint(nats.hostname)
     assert namespace == NAMESPACE
     assert nats.port in {p["port"] for p in service["spec"]["ports"]}
@@ -580,7 +624,8 @@ def test_nomad_control_job_runs_the_control_plane() -> None:
         assert f'task "{service}"' in text, f"no task {service}"
     assert sorted(NOMAD_MODULE_RE.findall(text)) == sorted(f"ferry.{s}" for s in CONTROL)
     assert f'image = "{IMAGE}"' in text and 'driver       = "docker"' in text
-    assert 'FERRY_ADDR   = "0.0.0.0:7070"' in text
+    assert re.search(r'FERRY_ADDR +=', text) and '"0.0.0.0:7070"' in text
+    assert 'FERRY_TLS_CERT            = "/secrets/tls-server.pem"' in text  # beyond loopback: TLS
 
 
 def test_nomad_node_job_runs_on_every_client() -> None:
@@ -657,7 +702,7 @@ def test_nomad_nats_is_a_three_server_cluster_that_fsyncs() -> None:
     rendered = re.sub(r'\{\{- range nomadService "nats-cluster" \}\}\n(.*?)\n\s*\{\{- end \}\}', routes, rendered,
                       flags=re.DOTALL)
     assert "{{" not in rendered, rendered
-    nats_config_is_valid(rendered, {})
+    nats_config_is_valid(rendered, {}, ("local", "secrets", "/secrets/"))
 
 
 @pytest.mark.parametrize("job", ["ferry.nomad.hcl", "ferry-node.nomad.hcl"])

@@ -1,6 +1,7 @@
 """`ferry keys`: the credentials a cluster runs on, made and rotated without a running cluster.
 
-    ferry keys init DIR --nodes a,b     every secret of a cluster into DIR (for Kubernetes/Nomad)
+    ferry keys init DIR [--nodes a,b]   every secret of a cluster into DIR (for Kubernetes/Nomad)
+    ferry keys secret DIR               DIR as a Kubernetes Secret (YAML on stdout)
     ferry keys token --tenant acme      a new API token (printed once; its hash kept)
     ferry keys revoke NAME              remove a token by its name
     ferry keys rotate                   a new current store key (older checkpoints keep theirs)
@@ -12,12 +13,21 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from ferry.cli.output import print_json
-from ferry.cli.secrets import creds_file, ensure_nats_users, ensure_secrets, rotate_store_keys
+from ferry.cli.secrets import (
+    creds_file,
+    ensure_nats_users,
+    ensure_secrets,
+    kubernetes_secret,
+    rotate_store_keys,
+    secret_items,
+)
+from ferry.common.certs import make_tls
 from ferry.common.errors import UsageError
 from ferry.common.natsauth import NODE_ROLES, authorization_block, node_user
 from ferry.common.tenancy import token_hash
@@ -25,7 +35,8 @@ from ferry.common.wire import is_token
 from ferry.store.keys import write_private
 
 EPILOG = """examples:
-  ferry keys init ./secrets --nodes node-1,node-2     # then: kubectl create secret generic ferry --from-file=./secrets
+  ferry keys init ./keys --tls-hosts ferry-api.ferry.svc,nats.ferry.svc
+  ferry keys secret ./keys | kubectl apply -f -       # the Secret ferry-keys of deploy/kubernetes
   ferry keys token --tenant acme --name ci-bot        # prints the token; FERRY_TOKEN=... ferry whoami
   ferry keys rotate --data-dir /var/lib/ferry
 """
@@ -42,7 +53,16 @@ def add_keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], co
     a = actions.add_parser("init", help="make every secret a cluster needs into DIR (what is there is kept)",
                            parents=[common])
     a.add_argument("dir")
-    a.add_argument("--nodes", default="", help="comma-separated node ids: each gets its NATS users")
+    a.add_argument("--nodes", default="", help="comma-separated node ids: each gets its own NATS users "
+                   "(default: shared node users, for nodes that come and go)")
+    a.add_argument("--tls-hosts", default="", help="comma-separated names and addresses of the servers: a CA "
+                   "and certificates for them in DIR/tls")
+    a = actions.add_parser("secret", help="print DIR as a Kubernetes Secret", parents=[common])
+    a.add_argument("dir")
+    a.add_argument("--name", default="ferry-keys")
+    a.add_argument("--namespace", default="ferry")
+    a.add_argument("--format", choices=["kubernetes", "nomad"], default="kubernetes",
+                   help="nomad: the JSON of a Nomad variable (nomad var put -in json PATH -)")
     a = actions.add_parser("token", help="make an API token for a tenant; prints it once", parents=[common, where])
     a.add_argument("--tenant", required=True)
     a.add_argument("--role", choices=["user", "admin"], default="user")
@@ -79,52 +99,80 @@ def _load(path: Path) -> dict[str, object]:
     return loaded
 
 
+def _init(args: argparse.Namespace) -> dict[str, object]:
+    folder = Path(args.dir)
+    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    if bad := [n for n in nodes if not is_token(n)]:
+        raise UsageError(f"bad node id {bad[0]!r}: use letters, digits, '-' and '_'")
+    passwords = ensure_secrets(folder, nodes or None)
+    write_private(folder / "nats-auth.conf", authorization_block(passwords))
+    if hosts := [h.strip() for h in args.tls_hosts.split(",") if h.strip()]:
+        make_tls(folder / "tls", hosts)
+    return {"dir": str(folder), "nats_users": sorted(passwords),
+            "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())}
+
+
+def _token(args: argparse.Namespace) -> dict[str, object]:
+    if not is_token(args.tenant):
+        raise UsageError(f"bad tenant {args.tenant!r}: use letters, digits, '-' and '_'")
+    path = tokens_path(args)
+    table = _load(path)
+    token = "fy_" + secrets.token_urlsafe(32)
+    entries = list(table.get("tokens") or [])  # type: ignore[call-overload]
+    entries.append({"sha256": token_hash(token), "tenant": args.tenant, "role": args.role, "name": args.name})
+    table["tokens"] = entries
+    write_private(path, yaml.safe_dump(table, sort_keys=False))
+    return {"token": token, "tenant": args.tenant, "role": args.role, "name": args.name, "tokens_file": str(path)}
+
+
+def _revoke(args: argparse.Namespace) -> dict[str, object]:
+    path = tokens_path(args)
+    table = _load(path)
+    entries = list(table.get("tokens") or [])  # type: ignore[call-overload]
+    kept = [e for e in entries if e.get("name") != args.name]
+    if len(kept) == len(entries):
+        raise UsageError(f"no token named {args.name!r} in {path}")
+    table["tokens"] = kept
+    write_private(path, yaml.safe_dump(table, sort_keys=False))
+    return {"revoked": len(entries) - len(kept), "name": args.name, "tokens_file": str(path)}
+
+
+def _rotate(args: argparse.Namespace) -> dict[str, object]:
+    if args.key_file:
+        path = Path(args.key_file)
+    elif os.environ.get("FERRY_STORE_KEY_FILE") and not args.data_dir:
+        path = Path(os.environ["FERRY_STORE_KEY_FILE"])
+    else:
+        path = _secrets(args) / "store.keys"
+    ring = rotate_store_keys(path)
+    return {"key_file": str(path), "current": ring.current, "keys": ring.key_ids}
+
+
+def _add_node(args: argparse.Namespace) -> dict[str, object]:
+    if not is_token(args.node):
+        raise UsageError(f"bad node id {args.node!r}: use letters, digits, '-' and '_'")
+    folder = _secrets(args)
+    if not folder.is_dir():
+        raise UsageError(f"no secrets in {folder}: give --data-dir of a cluster")
+    ensure_nats_users(folder, [args.node])
+    return {"node": args.node, "creds": [str(creds_file(folder, node_user(r, args.node))) for r in NODE_ROLES]}
+
+
+ACTIONS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {
+    "init": _init, "token": _token, "revoke": _revoke, "rotate": _rotate, "add-node": _add_node}
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
-    out: dict[str, object]
-    if args.keys == "init":
+    if args.keys == "secret":
         folder = Path(args.dir)
-        nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
-        if bad := [n for n in nodes if not is_token(n)]:
-            raise UsageError(f"bad node id {bad[0]!r}: use letters, digits, '-' and '_'")
-        passwords = ensure_secrets(folder, nodes)
-        write_private(folder / "nats-auth.conf", authorization_block(passwords))
-        out = {"dir": str(folder), "nats_users": sorted(passwords),
-               "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())}
-    elif args.keys == "token":
-        if not is_token(args.tenant):
-            raise UsageError(f"bad tenant {args.tenant!r}: use letters, digits, '-' and '_'")
-        path = tokens_path(args)
-        table = _load(path)
-        token = "fy_" + secrets.token_urlsafe(32)
-        entries = list(table.get("tokens") or [])  # type: ignore[call-overload]
-        entries.append({"sha256": token_hash(token), "tenant": args.tenant, "role": args.role, "name": args.name})
-        table["tokens"] = entries
-        write_private(path, yaml.safe_dump(table, sort_keys=False))
-        out = {"token": token, "tenant": args.tenant, "role": args.role, "name": args.name, "tokens_file": str(path)}
-    elif args.keys == "revoke":
-        path = tokens_path(args)
-        table = _load(path)
-        entries = list(table.get("tokens") or [])  # type: ignore[call-overload]
-        kept = [e for e in entries if e.get("name") != args.name]
-        if len(kept) == len(entries):
-            raise UsageError(f"no token named {args.name!r} in {path}")
-        table["tokens"] = kept
-        write_private(path, yaml.safe_dump(table, sort_keys=False))
-        out = {"revoked": len(entries) - len(kept), "name": args.name, "tokens_file": str(path)}
-    elif args.keys == "rotate":
-        path = Path(args.key_file) if args.key_file else (
-            Path(os.environ["FERRY_STORE_KEY_FILE"]) if os.environ.get("FERRY_STORE_KEY_FILE") and not args.data_dir
-            else _secrets(args) / "store.keys")
-        ring = rotate_store_keys(path)
-        out = {"key_file": str(path), "current": ring.current, "keys": ring.key_ids}
-    else:  # add-node
-        if not is_token(args.node):
-            raise UsageError(f"bad node id {args.node!r}: use letters, digits, '-' and '_'")
-        folder = _secrets(args)
-        if not folder.is_dir():
-            raise UsageError(f"no secrets in {folder}: give --data-dir of a cluster")
-        ensure_nats_users(folder, [args.node])
-        out = {"node": args.node, "creds": [str(creds_file(folder, node_user(r, args.node))) for r in NODE_ROLES]}
+        if not (folder / "store.keys").is_file():
+            raise UsageError(f"{folder} holds no cluster secrets: `ferry keys init {folder}` makes them")
+        if args.format == "nomad":
+            print_json({"Items": {k: v.decode() for k, v in secret_items(folder).items()}})
+        else:
+            print(kubernetes_secret(folder, args.name, args.namespace), end="")
+        return 0
+    out = ACTIONS[args.keys](args)
     if args.output == "json":
         print_json(out)
     else:

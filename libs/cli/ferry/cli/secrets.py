@@ -46,7 +46,7 @@ def creds_file(folder: Path, user: str) -> Path:
     return folder / "nats" / f"{user}.json"
 
 
-def ensure_nats_users(folder: Path, nodes: list[str]) -> dict[str, str]:
+def ensure_nats_users(folder: Path, nodes: list[str] | None) -> dict[str, str]:
     """Each user's password, made for those that have none yet."""
     passwords = {}
     for user in users_for(nodes):
@@ -57,10 +57,34 @@ def ensure_nats_users(folder: Path, nodes: list[str]) -> dict[str, str]:
     return passwords
 
 
-def ensure_secrets(folder: Path, nodes: list[str]) -> dict[str, str]:
+def ensure_secrets(folder: Path, nodes: list[str] | None) -> dict[str, str]:
     """Makes what is missing; returns the NATS users' passwords (for the server's configuration)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     folder.chmod(0o700)
     ensure_store_keys(folder)
     ensure_env_keys(folder)
     return ensure_nats_users(folder, nodes)
+
+
+def secret_key(rel: Path) -> str:
+    """A file of the secrets folder as a Kubernetes Secret key: nats/api.json -> nats-api.json."""
+    return "-".join(rel.parts).replace("@", ".")
+
+
+def secret_items(folder: Path) -> dict[str, bytes]:
+    """Every file of ``folder`` but the CA's key, under ``secret_key`` names."""
+    return {secret_key(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "ca.key" and not p.name.startswith(".")}
+
+
+def kubernetes_secret(folder: Path, name: str, namespace: str) -> str:
+    """A Secret (YAML) of ``secret_items``."""
+    import base64
+
+    import yaml
+
+    data = {k: base64.b64encode(v).decode() for k, v in secret_items(folder).items()}
+    doc = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+           "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "ferry"}},
+           "data": data}
+    return yaml.safe_dump(doc, sort_keys=False)

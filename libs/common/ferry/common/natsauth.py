@@ -12,7 +12,9 @@ A role may publish only what its work needs, and nothing else is allowed:
   audit trail (``ferry.audit.>``), asks a node for logs; it can never command a node.
 - ``health`` and ``pricing``: node and price records, cluster events.
 - ``checkpointer@N`` and ``migrator@N`` (one pair per node N): their own node's events, node
-  record and consumers, and the progress of ops; nothing of another node.
+  record and consumers, and the progress of ops; nothing of another node. Where nodes come and
+  go (a Kubernetes DaemonSet), the shared users ``checkpointer`` and ``migrator`` may speak for any
+  node, and for nothing else.
 
 Reading is allowed where a role needs it: every role reads the KV buckets; node roles receive
 commands only through their own durable consumer, created with their own subject as its filter.
@@ -49,8 +51,10 @@ def node_user(role: str, node: str) -> str:
     return f"{role}@{wire.token(node)}"
 
 
-def users_for(nodes: Iterable[str]) -> list[str]:
-    """Every user a cluster of these nodes needs."""
+def users_for(nodes: Iterable[str] | None) -> list[str]:
+    """Every user a cluster of these nodes needs; None: the shared node users (any node)."""
+    if nodes is None:
+        return [*CONTROL_ROLES, *NODE_ROLES]
     return [*CONTROL_ROLES, *(node_user(role, n) for n in nodes for role in NODE_ROLES)]
 
 
@@ -93,6 +97,8 @@ def _consumer(stream: str, durable: str, subject: str) -> list[str]:
 def permissions(user: str) -> dict[str, dict[str, list[str]]]:
     """The server-side permissions of one of ``users_for``'s users."""
     role, _, node = user.partition("@")
+    if role in NODE_ROLES and not node:
+        node = "*"  # a shared node user: any node (a NATS wildcard token)
     sub = ["_INBOX.>"]
     services = _kv(wire.KV_SERVICES, f"{role}.*") if not node else _kv(wire.KV_SERVICES, f"{role}.{node}")
     pub = [*_reads(), services]
@@ -114,11 +120,12 @@ def permissions(user: str) -> dict[str, dict[str, list[str]]]:
     elif role == "pricing":
         pub += [_kv(wire.KV_PRICES), "ferry.evt.cluster.>"]
     elif role in NODE_ROLES and node:
+        durable = f"{role}-{node}" if node != "*" else "*"
         pub += [f"ferry.evt.node.{node}.>", "ferry.progress.*",
-                *_consumer(wire.CMD_STREAM, f"{role}-{node}", wire.node_cmd_subject(node, role))]  # type: ignore[arg-type]
+                *_consumer(wire.CMD_STREAM, durable, f"ferry.cmd.node.{node}.{role}")]
         if role == "checkpointer":
             pub += [_kv(wire.KV_NODES, node)]
-            sub += [wire.logs_subject(node)]
+            sub += [f"ferry.rpc.node.{node}.logs"]
     else:
         raise ConfigError(f"no NATS role {user!r}: expected one of {', '.join(CONTROL_ROLES)} or ROLE@NODE")
     return {"publish": {"allow": pub}, "subscribe": {"allow": [*sub, *(_kv(b) for b in _BUCKETS)]}}
@@ -151,6 +158,6 @@ def read_creds(path: Path) -> NatsCreds:
         raise ConfigError(f"cannot read the NATS credentials {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{path} holds no NATS credentials ({{\"user\": ..., \"password\": ...}})") from exc
-    if st.st_mode & 0o077:
+    if st.st_mode & 0o007:
         raise ConfigError(f"the NATS credentials {path} are readable by others: chmod 600 {path}")
     return creds

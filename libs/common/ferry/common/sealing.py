@@ -98,6 +98,6 @@ def read_key(path: Path, *, private: bool) -> bytes:
         raise ConfigError(f"{path} holds no base64 key") from exc
     if len(raw) != 32:
         raise ConfigError(f"{path}: a key is 32 bytes, this one {len(raw)}")
-    if private and st.st_mode & 0o077:
+    if private and st.st_mode & 0o007:  # others; a group (a pod's fsGroup) may read
         raise ConfigError(f"{path} is readable by others: chmod 600 {path}")
     return raw

@@ -117,7 +117,7 @@ def load_tokens_file(path: Path) -> TokensFile:
         loaded = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read the tokens file {path}: {exc}") from exc
-    if st.st_mode & 0o077:
+    if st.st_mode & 0o007:  # others; a group (a pod's fsGroup) may read
         raise ConfigError(f"the tokens file {path} is readable by others: chmod 600 {path}")
     try:
         tokens = TokensFile.model_validate(loaded)

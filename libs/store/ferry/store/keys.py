@@ -154,7 +154,7 @@ def load_keyring(path: Path) -> KeyRing:
     except OSError as exc:
         raise ConfigError(f"cannot read the store keyring {path}: {exc.strerror or exc}; "
                           "`ferry up` creates one, `ferry keys init` makes one for a cluster") from exc
-    if st.st_mode & 0o077:
+    if st.st_mode & 0o007:  # others; a group (a pod's fsGroup) may read
         raise ConfigError(f"the store keyring {path} is readable by others (mode {st.st_mode & 0o777:o}): "
                           f"chmod 600 {path}")
     return KeyRing.from_json(text, str(path))
