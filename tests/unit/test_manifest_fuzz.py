@@ -36,7 +36,7 @@ def _decode(data: bytes, keyring: KeyRing | None) -> Manifest | None:
         return None
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_arbitrary_bytes_are_refused_cleanly(data: bytes) -> None:
     assert _decode(data, None) is None or data == SIGNED
@@ -55,7 +55,7 @@ PATHS = [["job"], ["checkpoint"], ["parent"], ["created"], ["tenant"], ["key_id"
          ["files", 0, "chunks", 0, "size"], ["files", 1, "chunks"], ["files"], ["digest"], ["signature"]]
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(PATHS), json_values, st.booleans())
 def test_a_changed_field_never_passes_the_signature(path: list[Any], value: Any, fix_digest: bool) -> None:
     body = json.loads(SIGNED)
