@@ -54,6 +54,9 @@ from ferry.criu.launch import launch
 from ferry.criu.linux import is_gone, ns_pids
 from ferry.criu.runner import DUMP_MOUNTS, CriuRunner
 from ferry.node.base import workload_env
+from ferry.store.keys import KeyRing
+from ferry.store.local import LocalBackend
+from ferry.store.store import CheckpointStore
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMHOG = ROOT / "examples" / "memhog.py"
@@ -302,6 +305,34 @@ class Bench:
         return {"wall_s": wall, "restore_ms": out.get("restore_ms"), "total_ms": out.get("total_ms"),
                 "criu_restore_ms": criu_ms}
 
+    # -- what sealing costs --
+
+    def store_cost(self, tag: str, images: Path) -> dict[str, Any]:
+        """The raw dump's images written to, and restored from, a local store in the data dir: plain
+        and sealed (ferry.store.keys: AES-256-GCM, keyed names, a signed manifest), which one goes
+        first alternating with the repeat. Ferry's own checkpoints are always sealed."""
+        out: dict[str, Any] = {}
+        order = [("plain", None), ("sealed", KeyRing.generate())]
+        if int(tag.split("-")[1]) % 2:
+            order.reverse()
+        for name, ring in order:
+            root = self.run_dir / f"store-{name}-{tag}"
+            store = CheckpointStore(LocalBackend(root), keyring=ring)
+            self.settle()
+            t0 = time.monotonic()
+            store.write_checkpoint(job="bench", tenant="bench", checkpoint="ck-1", parent=None, src_dir=images,
+                                   files=sorted(str(p.relative_to(images)) for p in images.rglob("*.img")))
+            write_s = time.monotonic() - t0
+            dest = self.run_dir / f"restored-{name}-{tag}"
+            self.settle(drop=True)
+            t0 = time.monotonic()
+            store.restore_files(store.read_manifest("bench", "ck-1", "bench"), dest)
+            read_s = time.monotonic() - t0
+            out[name] = {"write_s": write_s, "restore_s": read_s}
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(dest, ignore_errors=True)
+        return out
+
     # -- a whole repeat --
 
     def repeat(self, i: int, mib: int, interval: float) -> dict[str, Any]:
@@ -317,9 +348,10 @@ class Bench:
             raw_ck = self.raw_checkpoint(tag, mib, interval)
             fer_rs = self.ferry_restore(fer_ck)
             raw_rs = self.raw_restore(raw_ck)
+        sealing = self.store_cost(tag, Path(raw_ck["images"]))
         shutil.rmtree(raw_ck["job_dir"], ignore_errors=True)
         return {"first": "raw" if raw_first else "ferry", "raw_checkpoint": raw_ck, "ferry_checkpoint": fer_ck,
-                "raw_restore": raw_rs, "ferry_restore": fer_rs}
+                "raw_restore": raw_rs, "ferry_restore": fer_rs, "sealing": sealing}
 
     def cleanup(self) -> None:
         for pid in list(self.raw_pids):
@@ -359,6 +391,8 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "ferry_checkpoint_parts_ms": {k: [float(c[k]) for c in firsts]
                                       for k in ("freeze_ms", "dump_ms", "upload_ms", "total_ms")},
         "raw_frozen_ms": raw_frozen,
+        "sealing": {f"{kind}_{what}": [s["sealing"][kind][what] for s in samples]
+                    for kind in ("plain", "sealed") for what in ("write_s", "restore_s")},
         "raw_image_bytes": [s["raw_checkpoint"]["image_bytes"] for s in samples],
         "ferry_bytes_logical": [c["bytes_logical"] for c in firsts],
     }
@@ -368,6 +402,7 @@ def markdown(result: dict[str, Any]) -> str:
     s, cfg, m = result["summary"], result["config"], result["machine"]
     ck, rs, inc = s["checkpoint"], s["restore"], s["incremental"]
     parts = s["ferry_checkpoint_parts_ms"]
+    seal = s["sealing"]
     n = cfg["repeat"]
 
     def met(ok: bool) -> str:
@@ -405,6 +440,13 @@ def markdown(result: dict[str, Any]) -> str:
         f"restore) / operation total_ms (ratio: restore_ms vs raw) | - | {criu_ms:.0f} / {restore_ms:.0f} / "
         f"{op_ms:.0f} ms "
         f"| {restore_ms / 1000 / rs['raw_median_s']:.2f}x | - | - |",
+        f"| what sealing costs: the raw images into a local store, plain vs sealed (AES-256-GCM, keyed names, "
+        f"signed manifest): write | {fmt_s(median(seal['plain_write_s']))} [{samples_s(seal['plain_write_s'])}] | "
+        f"{fmt_s(median(seal['sealed_write_s']))} [{samples_s(seal['sealed_write_s'])}] | "
+        f"{median(seal['sealed_write_s']) / median(seal['plain_write_s']):.2f}x | - | - |",
+        f"| ... and restore from it | {fmt_s(median(seal['plain_restore_s']))} [{samples_s(seal['plain_restore_s'])}] "
+        f"| {fmt_s(median(seal['sealed_restore_s']))} [{samples_s(seal['sealed_restore_s'])}] | "
+        f"{median(seal['sealed_restore_s']) / median(seal['plain_restore_s']):.2f}x | - | - |",
         f"| CLI + API round trip floor (`ferry nodes`) | - | {median(result['cli_floor_s']) * 1000:.0f} ms "
         "| - | - | - |",
         "",
