@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ferry.store.keys import KeyRing, write_private
 from ferry.store.local import LocalBackend
 from ferry.store.manifest import chunk_key
 from ferry.store.store import CheckpointStore
@@ -15,14 +16,18 @@ MiB = 1024 * 1024
 
 
 def verify(store: Path, *extra: str) -> tuple[int, Any]:
-    run = subprocess.run([str(BIN / "ferry"), "store", "verify", "--store", str(store), "-o", "json", *extra],
-                         capture_output=True, text=True, timeout=120)
+    keys = store.parent / "store.keys"
+    run = subprocess.run([str(BIN / "ferry"), "store", "verify", "--store", str(store), "--key-file", str(keys),
+                          "-o", "json", *extra], capture_output=True, text=True, timeout=120)
+    assert run.stdout, run.stderr
     return run.returncode, json.loads(run.stdout)
 
 
 def test_verify_names_what_would_not_restore_and_repair_mends_it(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path / "store")
-    store = CheckpointStore(backend)
+    ring = KeyRing.generate()
+    write_private(tmp_path / "store.keys", ring.to_json())
+    store = CheckpointStore(backend, keyring=ring)
     rng = random.Random(9)
     src = tmp_path / "src"
     src.mkdir()
@@ -42,7 +47,7 @@ def test_verify_names_what_would_not_restore_and_repair_mends_it(tmp_path: Path)
     assert code == 1 and not report["ok"]
     by_id = {c["checkpoint"]: c for c in report["checkpoints"]}
     assert by_id["ck-1"]["restorable"] and not by_id["ck-2"]["restorable"] and not by_id["ck-3"]["restorable"]
-    assert "extra.img" in by_id["ck-2"]["problem"] and "hash mismatch" in by_id["ck-2"]["problem"]
+    assert "extra.img" in by_id["ck-2"]["problem"] and "does not open" in by_id["ck-2"]["problem"]
     assert backend.exists(chunk_key(victim))  # without --repair nothing changes
 
     code, report = verify(tmp_path / "store", "--repair")
