@@ -179,7 +179,8 @@ def stop_cluster(cluster: Cluster) -> None:
             raise
         assert cluster.proc.returncode == 0, out
     finally:
-        shutil.rmtree(cluster.data_dir, ignore_errors=True)
+        if not os.environ.get("FERRY_TEST_KEEP_DATA"):  # set it to look at a failed test's logs
+            shutil.rmtree(cluster.data_dir, ignore_errors=True)
         cluster.data_dir.parent.joinpath(f"{cluster.data_dir.name}.yaml").unlink(missing_ok=True)
 
 
