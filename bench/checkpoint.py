@@ -307,13 +307,13 @@ class Bench:
 
     # -- what sealing costs --
 
-    def store_cost(self, tag: str, images: Path) -> dict[str, Any]:
+    def store_cost(self, tag: str, i: int, images: Path) -> dict[str, Any]:
         """The raw dump's images written to, and restored from, a local store in the data dir: plain
         and sealed (ferry.store.keys: AES-256-GCM, keyed names, a signed manifest), which one goes
         first alternating with the repeat. Ferry's own checkpoints are always sealed."""
         out: dict[str, Any] = {}
         order = [("plain", None), ("sealed", KeyRing.generate())]
-        if int(tag.split("-")[1]) % 2:
+        if i % 2:
             order.reverse()
         for name, ring in order:
             root = self.run_dir / f"store-{name}-{tag}"
@@ -340,15 +340,16 @@ class Bench:
         raw_first = i % 2 == 0
         if raw_first:
             raw_ck = self.raw_checkpoint(tag, mib, interval)
+            sealing = self.store_cost(tag, i, Path(raw_ck["images"]))  # before the restore uses the images
             fer_ck = self.ferry_checkpoints(tag, mib, interval)
             raw_rs = self.raw_restore(raw_ck)
             fer_rs = self.ferry_restore(fer_ck)
         else:
             fer_ck = self.ferry_checkpoints(tag, mib, interval)
             raw_ck = self.raw_checkpoint(tag, mib, interval)
+            sealing = self.store_cost(tag, i, Path(raw_ck["images"]))
             fer_rs = self.ferry_restore(fer_ck)
             raw_rs = self.raw_restore(raw_ck)
-        sealing = self.store_cost(tag, Path(raw_ck["images"]))
         shutil.rmtree(raw_ck["job_dir"], ignore_errors=True)
         return {"first": "raw" if raw_first else "ferry", "raw_checkpoint": raw_ck, "ferry_checkpoint": fer_ck,
                 "raw_restore": raw_rs, "ferry_restore": fer_rs, "sealing": sealing}

@@ -15,24 +15,14 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from ferry.cli.output import print_json
-from ferry.cli.secrets import (
-    creds_file,
-    ensure_nats_users,
-    ensure_secrets,
-    kubernetes_secret,
-    rotate_store_keys,
-    secret_items,
-)
-from ferry.common.certs import make_tls
 from ferry.common.errors import UsageError
-from ferry.common.natsauth import NODE_ROLES, authorization_block, node_user
-from ferry.common.tenancy import token_hash
 from ferry.common.wire import is_token
-from ferry.store.keys import write_private
+
+# The crypto and the store load only when a keys command runs: every other command's start-up
+# stays free of them (`ferry nodes` is a CLI round trip, bench/checkpoint.py measures its floor).
 
 EPILOG = """examples:
   ferry keys init ./keys --tls-hosts ferry-api.ferry.svc,nats.ferry.svc
@@ -90,7 +80,9 @@ def tokens_path(args: argparse.Namespace) -> Path:
     return _secrets(args) / "tokens.yaml"
 
 
-def _load(path: Path) -> dict[str, object]:
+def _load(path: Path) -> dict[str, Any]:
+    import yaml
+
     if not path.exists():
         return {"tokens": [], "tenants": {}}
     loaded = yaml.safe_load(path.read_text()) or {}
@@ -100,6 +92,11 @@ def _load(path: Path) -> dict[str, object]:
 
 
 def _init(args: argparse.Namespace) -> dict[str, object]:
+    from ferry.cli.secrets import ensure_secrets
+    from ferry.common.certs import make_tls
+    from ferry.common.natsauth import authorization_block
+    from ferry.store.keys import write_private
+
     folder = Path(args.dir)
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
     if bad := [n for n in nodes if not is_token(n)]:
@@ -113,12 +110,17 @@ def _init(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _token(args: argparse.Namespace) -> dict[str, object]:
+    import yaml
+
+    from ferry.common.tenancy import token_hash
+    from ferry.store.keys import write_private
+
     if not is_token(args.tenant):
         raise UsageError(f"bad tenant {args.tenant!r}: use letters, digits, '-' and '_'")
     path = tokens_path(args)
     table = _load(path)
     token = "fy_" + secrets.token_urlsafe(32)
-    entries = list(table.get("tokens") or [])  # type: ignore[call-overload]
+    entries = list(table.get("tokens") or [])
     entries.append({"sha256": token_hash(token), "tenant": args.tenant, "role": args.role, "name": args.name})
     table["tokens"] = entries
     write_private(path, yaml.safe_dump(table, sort_keys=False))
@@ -126,9 +128,13 @@ def _token(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _revoke(args: argparse.Namespace) -> dict[str, object]:
+    import yaml
+
+    from ferry.store.keys import write_private
+
     path = tokens_path(args)
     table = _load(path)
-    entries = list(table.get("tokens") or [])  # type: ignore[call-overload]
+    entries = list(table.get("tokens") or [])
     kept = [e for e in entries if e.get("name") != args.name]
     if len(kept) == len(entries):
         raise UsageError(f"no token named {args.name!r} in {path}")
@@ -138,6 +144,8 @@ def _revoke(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _rotate(args: argparse.Namespace) -> dict[str, object]:
+    from ferry.cli.secrets import rotate_store_keys
+
     if args.key_file:
         path = Path(args.key_file)
     elif os.environ.get("FERRY_STORE_KEY_FILE") and not args.data_dir:
@@ -149,6 +157,9 @@ def _rotate(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _add_node(args: argparse.Namespace) -> dict[str, object]:
+    from ferry.cli.secrets import creds_file, ensure_nats_users
+    from ferry.common.natsauth import NODE_ROLES, node_user
+
     if not is_token(args.node):
         raise UsageError(f"bad node id {args.node!r}: use letters, digits, '-' and '_'")
     folder = _secrets(args)
@@ -163,6 +174,8 @@ ACTIONS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    from ferry.cli.secrets import kubernetes_secret, secret_items
+
     if args.keys == "secret":
         folder = Path(args.dir)
         if not (folder / "store.keys").is_file():

@@ -15,16 +15,12 @@ import binascii
 import json
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel, ConfigDict, Field
 
 from ferry.common.errors import ConfigError, FerryError
 
-_RAW = serialization.Encoding.Raw
+# cryptography loads in the functions that use it: every record imports SealedEnv, the CLI among
+# them, and its start-up is a round trip users wait for.
 
 
 class SealError(FerryError):
@@ -45,21 +41,33 @@ class SealedEnv(BaseModel):
 
 
 def _key(shared: bytes, tenant: str) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"ferry env v1", info=tenant.encode()).derive(shared)
 
 
 def seal_env(env: dict[str, str], public_key: bytes, tenant: str) -> SealedEnv:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     if not env:
         return SealedEnv()
+    raw = serialization.Encoding.Raw
     ephemeral = X25519PrivateKey.generate()
     key = _key(ephemeral.exchange(X25519PublicKey.from_public_bytes(public_key)), tenant)
-    nonce = ephemeral.public_key().public_bytes(_RAW, serialization.PublicFormat.Raw)[:12]
+    nonce = ephemeral.public_key().public_bytes(raw, serialization.PublicFormat.Raw)[:12]
     body = AESGCM(key).encrypt(nonce, json.dumps(env, sort_keys=True).encode(), tenant.encode())
-    blob = ephemeral.public_key().public_bytes(_RAW, serialization.PublicFormat.Raw) + body
+    blob = ephemeral.public_key().public_bytes(raw, serialization.PublicFormat.Raw) + body
     return SealedEnv(names=sorted(env), sealed=base64.b64encode(blob).decode())
 
 
 def open_env(env: SealedEnv, private_key: bytes, tenant: str) -> dict[str, str]:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     if not env.sealed:
         return {}
     try:
@@ -77,9 +85,13 @@ def open_env(env: SealedEnv, private_key: bytes, tenant: str) -> dict[str, str]:
 
 def new_key_pair() -> tuple[bytes, bytes]:
     """(private, public) raw X25519 keys."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    raw = serialization.Encoding.Raw
     private = X25519PrivateKey.generate()
-    return (private.private_bytes(_RAW, serialization.PrivateFormat.Raw, serialization.NoEncryption()),
-            private.public_key().public_bytes(_RAW, serialization.PublicFormat.Raw))
+    return (private.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()),
+            private.public_key().public_bytes(raw, serialization.PublicFormat.Raw))
 
 
 def encode_key(raw: bytes) -> str:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import ipaddress
 import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ferry.common.config import Settings
 from ferry.common.errors import ConfigError
+
+if TYPE_CHECKING:  # the CLI imports this module for is_loopback: not the settings (pydantic-settings, 150 ms)
+    from ferry.common.config import Settings
 
 
 def is_loopback(host: str) -> bool:
