@@ -2,7 +2,8 @@
 
 Plain form (a store without keys; tests and tools): named by sha256, stored as the codec's form
 (header 0 raw or 1 zstd). Sealed form (every store Ferry's services open): named by the tenant's
-keyed hash, stored as header 2 + AES-256-GCM of the codec's form, the name as associated data.
+keyed hash, stored as header 2, the codec's header (0 raw, 1 zstd), a nonce and the AES-256-GCM of
+the codec's payload, with the name and both headers as associated data.
 A sealed store refuses plain chunks and a plain one sealed chunks: one cannot stand in for the
 other.
 """
@@ -32,8 +33,10 @@ class ChunkForm:
         return self.keys.chunk_name(plain) if self.keys else hashlib.sha256(plain).hexdigest()
 
     def encode(self, name: str, plain: memoryview) -> bytes:
-        packed = self.codec.encode(plain)
-        return bytes([SEALED]) + self.keys.seal(name, packed) if self.keys else packed
+        if self.keys is None:
+            return self.codec.encode(plain)
+        header, payload = self.codec.pack(plain)
+        return self.keys.seal(name, payload, prefix=bytes([SEALED, header]))
 
     def decode(self, name: str, stored: bytes, size: int) -> memoryview:
         """The plain bytes of chunk ``name``; UndecodableChunk when they are not that chunk."""
@@ -47,10 +50,10 @@ class ChunkForm:
             if hashlib.sha256(plain).hexdigest() != name:
                 raise UndecodableChunk("hash mismatch")
             return plain
-        if view[0] != SEALED:
+        if view[0] != SEALED or len(view) < 2:
             raise UndecodableChunk("not sealed, in a store whose chunks all are")
         try:
-            packed = self.keys.open(name, view[1:])
+            payload = self.keys.open(name, view[2:], prefix=bytes(view[:2]))
         except SealBroken as exc:
             raise UndecodableChunk(str(exc)) from exc
-        return self.codec.decode(packed, size)  # the seal authenticated these bytes under this name
+        return self.codec.unpack(view[1], memoryview(payload), size)  # authenticated under this name

@@ -52,20 +52,28 @@ class ChunkCodec:
         sample = b"".join(plain[i * step : i * step + _SAMPLE_SLICE] for i in range(_SAMPLE_SLICES))
         return len(self._compressor().compress(sample)) <= len(sample) * (1 - MIN_SAVING)
 
-    def encode(self, plain: memoryview) -> bytes:
-        """The stored form of ``plain``: zstd where it saves enough, raw otherwise."""
+    def pack(self, plain: memoryview) -> tuple[int, memoryview | bytes]:
+        """(header, payload) of ``plain``'s stored form, without copying a raw chunk."""
         if self._worth_trying(plain):
             packed = self._compressor().compress(plain)
             if len(packed) <= len(plain) * (1 - MIN_SAVING):
-                return b"\x01" + packed
-        return b"\x00" + plain
+                return ZSTD, packed
+        return RAW, plain
+
+    def encode(self, plain: memoryview) -> bytes:
+        """The stored form of ``plain``: zstd where it saves enough, raw otherwise."""
+        header, payload = self.pack(plain)
+        return bytes([header]) + payload
 
     def decode(self, stored: bytes, size: int) -> memoryview:
         """The plain bytes of a stored chunk of ``size`` bytes; UndecodableChunk if impossible."""
         view = memoryview(stored)
         if not view:
             raise UndecodableChunk("empty object")
-        header, payload = view[0], view[1:]
+        return self.unpack(view[0], view[1:], size)
+
+    def unpack(self, header: int, payload: memoryview, size: int) -> memoryview:
+        """The plain bytes of a chunk stored as ``header`` and ``payload``."""
         if header == RAW:
             plain = payload
         elif header == ZSTD:

@@ -63,16 +63,19 @@ class TenantKeys:
     def chunk_name(self, plain: memoryview | bytes) -> str:
         return hmac.new(self.name_key, plain, hashlib.sha256).hexdigest()
 
-    def seal(self, name: str, data: bytes) -> bytes:
+    def seal(self, name: str, data: memoryview | bytes, prefix: bytes = b"") -> bytes:
+        """``prefix`` + nonce + AES-GCM of ``data``, ``name`` and ``prefix`` authenticated with it:
+        one copy of the ciphertext."""
         nonce = secrets.token_bytes(NONCE_BYTES)
-        return nonce + AESGCM(self.enc).encrypt(nonce, data, name.encode())
+        return b"".join((prefix, nonce, AESGCM(self.enc).encrypt(nonce, data, name.encode() + prefix)))
 
-    def open(self, name: str, sealed: memoryview | bytes) -> bytes:
+    def open(self, name: str, sealed: memoryview | bytes, prefix: bytes = b"") -> bytes:
+        """The data of what ``seal`` made (``sealed`` without its ``prefix``)."""
         view = memoryview(sealed)
         if len(view) < NONCE_BYTES + 16:
             raise SealBroken("too short to be a sealed chunk")
         try:
-            return AESGCM(self.enc).decrypt(bytes(view[:NONCE_BYTES]), view[NONCE_BYTES:], name.encode())
+            return AESGCM(self.enc).decrypt(bytes(view[:NONCE_BYTES]), view[NONCE_BYTES:], name.encode() + prefix)
         except InvalidTag as exc:
             raise SealBroken("does not open under this tenant's key (altered, moved or foreign)") from exc
 
