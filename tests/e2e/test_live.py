@@ -124,9 +124,9 @@ def test_a_source_that_dies_midway_means_a_restore_from_the_pre_copy_checkpoint(
 
 
 def test_a_job_with_a_fresh_periodic_checkpoint_moves_without_a_pre_copy_round(cluster: Cluster) -> None:
-    argv = train(240)
+    argv = train(480)  # long enough to outlast a 6 s checkpoint interval
     want = reference_output(argv)
-    cluster.json("run", "--name", "live-periodic", "--node", "node-2", "--checkpoint-every", "3s", "--", *argv)
+    cluster.json("run", "--name", "live-periodic", "--node", "node-2", "--checkpoint-every", "6s", "--", *argv)
     wait_until(lambda: cluster.json("status", "live-periodic")["last_checkpoint"], 60, "a periodic checkpoint")
     r = cluster.json("migrate", "live-periodic", "--to", "node-1", "--live")
     assert r["mode"] == "postcopy" and r["rounds"] == 0 and r["bytes_precopy"] == 0 and r["downtime_ms"] > 0, r
