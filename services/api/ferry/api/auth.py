@@ -8,6 +8,7 @@ what, when, outcome), by the ``audit`` callback.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -83,22 +84,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                                      role=principal.role.value, method=method, target=target_of(request),
                                      outcome=outcome, error=error[:500]))
 
+    @contextlib.asynccontextmanager
+    async def _call(self, principal: Principal, method: str, request: Any, context: Any) -> AsyncIterator[None]:
+        """One call as ``principal``, recorded in the audit trail however it ends."""
+        CALLER.set(principal)
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            await self._record(principal, method, request, context, failure)
+
     def _wrap(self, handler: Handler, principal: Principal, method: str) -> Handler:
-        record = self._record
+        call = self._call
         if handler.response_streaming:
             inner_stream: Any = handler.unary_stream  # an async generator function under grpc.aio
 
             async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                CALLER.set(principal)
-                failure: BaseException | None = None
-                try:
+                async with call(principal, method, request, context):
                     async for item in inner_stream(request, context):
                         yield item
-                except BaseException as exc:
-                    failure = exc
-                    raise
-                finally:
-                    await record(principal, method, request, context, failure)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream, request_deserializer=handler.request_deserializer,
@@ -106,15 +113,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         inner: Any = handler.unary_unary  # a coroutine function under grpc.aio
 
         async def unary(request: Any, context: Context) -> Any:
-            CALLER.set(principal)
-            failure: BaseException | None = None
-            try:
+            async with call(principal, method, request, context):
                 return await inner(request, context)
-            except BaseException as exc:
-                failure = exc
-                raise
-            finally:
-                await record(principal, method, request, context, failure)
 
         return grpc.unary_unary_rpc_method_handler(
             unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
