@@ -204,6 +204,7 @@ def test_quotas_are_enforced_at_submit(tenants: Tenants) -> None:
 
 
 def test_every_mutating_call_is_audited(tenants: Tenants) -> None:
+    tenants.json("acme", "run", "--name", "sec-audit", "--", "true")  # allowed
     tenants.ferry("acme", "drain", "node-2", check=False)  # refused: in the trail all the same
     entries = wait_until(lambda: (e := tenants.json("admin", "audit", "--since", "1h"))
                          and any(x["method"] == "DrainNode" for x in e) and e, 30, "the audit entries")
