@@ -126,6 +126,17 @@ class Cluster:
     def service_pid(self, name: str) -> int:
         return int(self.up_state()["services"][name])
 
+    def log_tails(self, *services: str, lines: int = 25) -> str:
+        """The last `lines` lines of each service's log that are not the bus's retry chatter: what a
+        failed test prints, since CI removes the data dir with the logs."""
+        parts = []
+        for name in services:
+            path = self.data_dir / "logs" / f"{name}.log"
+            text = path.read_text(errors="replace").splitlines() if path.exists() else ["(no log)"]
+            kept = [line for line in text if "fetch on " not in line and "cannot write op-" not in line]
+            parts.append(f"--- {name}\n" + "\n".join(kept[-lines:]))
+        return "\n".join(parts)
+
 
 def make_secrets(data_dir: Path) -> None:
     """What `ferry up` makes in <data-dir>/secrets (store keyring, environment keys, NATS users),

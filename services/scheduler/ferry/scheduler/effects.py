@@ -1,6 +1,8 @@
 """Carries out a transition's effects (``ferry.scheduler.ops.step``) in order: records to KV,
 commands to the nodes, events to the bus."""
 
+import logging
+
 from ferry.common import wire
 from ferry.scheduler.ops.step import Emit, SaveJob, SaveOp, Send, Step
 from ferry.scheduler.state import ClusterState
@@ -10,6 +12,9 @@ def command_id(cmd: wire.NodeCommand) -> str:
     """The node command's message id: the same for the same command of the same op, so that a
     command sent again (a redelivery, a restarted scheduler) is delivered once."""
     return f"{cmd.kind}-{cmd.job.id}-{cmd.job.incarnation}-{cmd.op or 'auto'}-{cmd.checkpoint or ''}"
+
+
+log = logging.getLogger(__name__)
 
 
 class Effects:
@@ -33,4 +38,5 @@ class Effects:
         """Sends `cmd` to `service` on the node ``cmd.job.node``."""
         assert cmd.job.node
         cmd.id = command_id(cmd)
+        log.info("%s %s of %s on %s", service, cmd.kind, cmd.job.name, cmd.job.node)
         await self.state.bus.publish(wire.node_cmd_subject(cmd.job.node, service), cmd, msg_id=cmd.id)
