@@ -172,6 +172,53 @@ def test_a_workload_reaches_nats_without_credentials_and_is_refused(tenants: Ten
     assert out[0] == "[]" and out[1].startswith("refused:") and "Authorization Violation" in out[1], out
 
 
+READER = """
+import json, os, sys, time
+paths = sys.argv[1:]
+def tried(path):
+    try:
+        with open(path, "rb") as f:
+            return "read %d bytes" % len(f.read())
+    except OSError as exc:
+        return type(exc).__name__
+for i in range(100000):
+    disks = sorted(n for n in os.listdir("/dev") if n.startswith(("vd", "sd", "nvme", "loop", "zram")))
+    print(json.dumps({"i": i, "files": {p: tried(p) for p in paths}, "disks": disks}), flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_workload_cannot_read_the_nodes_secrets_before_or_after_a_move(tenants: Tenants) -> None:
+    """Jobs run as root: what keeps them from the node's NATS password, store keyring and other
+    jobs' files is the empty tmpfs over the data dir in the job's own mount namespace, its own
+    /dev without disks, and no CAP_SYS_ADMIN to undo either; a checkpoint and a move keep all."""
+    c = tenants.cluster
+    secrets = c.data_dir / "secrets"
+    targets = [secrets / "nats" / "checkpointer@node-1.json", secrets / "store.keys", secrets / "env.key",
+               c.data_dir / "nats-1.conf" if (c.data_dir / "nats-1.conf").exists() else c.data_dir / "nats.conf",
+               c.data_dir / "up.json"]
+    assert all(t.is_file() for t in targets), [t for t in targets if not t.is_file()]
+    tenants.json("acme", "run", "--name", "sec-read", "--node", "node-1", "--", PY, "-c", READER,
+                 *map(str, targets))
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in tenants.ferry("acme", "logs", "sec-read").stdout.splitlines()]
+
+    wait_until(lambda: len(lines()) >= 3, 60, "the reader's first lines")
+    tenants.json("acme", "checkpoint", "sec-read")
+    tenants.json("acme", "migrate", "sec-read", "--to", "node-2")
+    wait_until(lambda: (s := tenants.json("acme", "status", "sec-read"))["node"] == "node-2"
+               and s["state"] == "running", 90, "the reader to run on node-2")
+    moved_at = len(lines())
+    wait_until(lambda: len(lines()) >= moved_at + 3, 60, "the reader's lines after the move")
+    seen = lines()
+    assert [x["i"] for x in seen] == list(range(len(seen))), "the reader started over"
+    for line in seen:
+        assert set(line["files"].values()) <= {"PermissionError", "FileNotFoundError"}, line
+        assert line["disks"] == [], line
+    tenants.ferry("acme", "kill", "sec-read")
+
+
 def test_a_tenant_sees_and_touches_only_its_own_jobs(tenants: Tenants) -> None:
     tenants.json("acme", "run", "--name", "sec-acme", "--", *SLEEPER)
     assert tenants.json("acme", "whoami")["tenant"] == "acme"

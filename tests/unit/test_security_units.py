@@ -15,6 +15,8 @@ from ferry.common.natsauth import authorization_block, node_user, permissions, r
 from ferry.common.sealing import SealError, new_key_pair, open_env, seal_env
 from ferry.common.tenancy import OPEN, Principal, Role, Tenants, Usage, token_hash
 from ferry.common.tls import is_loopback
+from ferry.criu.linux import mount_points
+from ferry.node.base import hidden_from_jobs
 from ferry.store.keys import write_private
 
 
@@ -161,3 +163,24 @@ def test_the_api_refuses_to_listen_beyond_loopback_in_the_clear(tmp_path: Path) 
     secure.refuse_if_open(False)
     with pytest.raises(ConfigError, match="both FERRY_TLS_CERT and FERRY_TLS_KEY"):
         Listener.from_settings(Settings(tls_cert=tls.cert))
+
+
+def test_jobs_are_kept_from_the_data_dir_and_every_folder_holding_a_key(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    keys = tmp_path / "etc-ferry-keys"
+    settings = Settings(data_dir=data, node_id="n1", nats_creds=keys / "nats-checkpointer.json",
+                        env_key_file=keys / "env.key", page_tls_ca=Path("/etc/ca.pem"))
+    monkeypatch.setenv("FERRY_CONFIG", str(tmp_path / "conf" / "ferry.yaml"))
+    hidden = hidden_from_jobs(settings, Path("/dev/shm/ferry/n1-0123456789ab"))
+    # the work dir and store keys sit in the data dir: folded into it; /etc is never hidden
+    assert hidden == sorted([data.resolve(), keys.resolve(), (tmp_path / "conf").resolve(), Path("/dev/shm/ferry")])
+    monkeypatch.delenv("FERRY_CONFIG")
+    elsewhere = hidden_from_jobs(Settings(data_dir=data, node_id="n1"), data / "nodes" / "n1" / "scratch")
+    assert elsewhere == [data.resolve()]
+
+
+def test_the_mount_points_of_a_mountinfo_text_are_unescaped() -> None:
+    text = ("22 1 0:21 / / rw - ext4 /dev/vda1 rw\n"
+            "23 22 0:22 / /var/lib/my\\040data rw - tmpfs tmpfs rw\n")
+    assert mount_points(text) == ["/", "/var/lib/my data"]

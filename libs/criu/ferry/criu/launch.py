@@ -40,10 +40,14 @@ async def launch(
     cwd: str | os.PathLike[str] | None,
     env: Mapping[str, str],
     incarnation: int,
+    hide: Sequence[str | os.PathLike[str]] = (),
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
     """Start ``argv`` as PID 1 of a new PID namespace under a detached shim.
+
+    Each folder of ``hide`` that exists is out of the workload's sight (an empty tmpfs over it in
+    the job's mount namespace).
 
     ``env`` is the workload's whole environment (its PATH finds the command); ``cwd`` None means
     the caller's. Raises LaunchFailed (command not found, bad cwd, exec failure, ...).
@@ -55,6 +59,8 @@ async def launch(
         cmd += ["--incarnation", str(incarnation), "--env-json", str(env_file)]
         if cwd is not None:
             cmd += ["--cwd", os.fspath(cwd)]
+        for path in hide:
+            cmd += ["--hide", os.fspath(path)]
         cmd += ["--", *argv]
         return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
     finally:

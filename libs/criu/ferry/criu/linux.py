@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import re
 import signal
+from collections.abc import Sequence
 from functools import cache
 
 import psutil
@@ -14,9 +17,13 @@ __all__ = [
     "CLONE_NEWPID",
     "PR_SET_CHILD_SUBREAPER",
     "catches_signal",
+    "drop_capabilities",
+    "hide_dirs",
     "is_gone",
     "mount_own_proc",
+    "mount_points",
     "ns_pids",
+    "private_dev",
     "process_tree",
     "reset_signals",
     "set_child_subreaper",
@@ -25,9 +32,40 @@ __all__ = [
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MS_REC, MS_PRIVATE = 0x4000, 0x40000
-PR_SET_CHILD_SUBREAPER = 36
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 0x1000, 0x2000, 0x4000, 0x40000
+MNT_DETACH, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 2, 24, 36
+HIDDEN_SOURCE = "ferry-hidden"
+"""The source name of the empty tmpfs mounted over each folder a workload must not see."""
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+"""The character devices of a job's own /dev (as the OCI runtime spec's default devices), bound
+from the host's; GPUs' ``/dev/nvidia*`` join them where present. No block device is there: a job
+that saw /dev/vda could read the node's disk, secrets and all, past any hidden folder."""
+SHARED_DEV_MOUNTS = ("pts", "shm")
+"""Submounts of the host's /dev that a job's /dev keeps (bound, so recorded as external)."""
+DROPPED_CAPABILITIES = {
+    "CAP_DAC_READ_SEARCH": 2,  # open_by_handle_at reaches any file of a filesystem, hidden or not
+    "CAP_LINUX_IMMUTABLE": 9,
+    "CAP_NET_ADMIN": 12,  # the node's firewall and routes, where the job shares its network
+    "CAP_SYS_MODULE": 16,
+    "CAP_SYS_RAWIO": 17,
+    "CAP_SYS_PTRACE": 19,
+    "CAP_SYS_PACCT": 20,
+    "CAP_SYS_ADMIN": 21,  # mount and umount: would undo the hidden folders and the private /dev
+    "CAP_SYS_BOOT": 22,
+    "CAP_SYS_TIME": 25,
+    "CAP_MKNOD": 27,  # a block device node made anew would reach the disk
+    "CAP_AUDIT_CONTROL": 30,
+    "CAP_MAC_OVERRIDE": 32,
+    "CAP_MAC_ADMIN": 33,
+    "CAP_SYSLOG": 34,
+    "CAP_PERFMON": 38,
+    "CAP_BPF": 39,
+    "CAP_CHECKPOINT_RESTORE": 40,
+}
+"""What a workload, root as it may be, loses from its bounding set at launch (CRIU restores the
+set as dumped): what would let it leave its mount namespace's view of the node, load code into
+the kernel or reach the disk below the filesystem."""
 
 
 @cache
@@ -46,13 +84,87 @@ def unshare(flags: int) -> None:
     _check(_libc().unshare(ctypes.c_int(flags)), "unshare")
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     def enc(s: str | None) -> bytes | None:
         return s.encode() if s is not None else None
 
     libc = _libc()
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    _check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None), f"mount {target}")
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    _check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _umount_detach(target: str) -> None:
+    libc = _libc()
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    _check(libc.umount2(target.encode(), ctypes.c_int(MNT_DETACH)), f"umount {target}")
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_points(mountinfo: str) -> list[str]:
+    """The mount points listed in a /proc/PID/mountinfo text, in its order (parents first)."""
+    return [_unescape(line.split()[4]) for line in mountinfo.splitlines() if len(line.split()) > 4]
+
+
+def _detach_at_and_below(path: str) -> None:
+    """Detaches every mount at or below `path` from the caller's mount namespace, deepest first:
+    whatever is then mounted over `path` covers no mount, which CRIU could not restore."""
+    with open("/proc/self/mountinfo") as f:
+        points = mount_points(f.read())
+    below = [p for p in points if p == path or p.startswith(path.rstrip("/") + "/")]
+    for point in sorted(set(below), key=lambda p: (-p.count("/"), p)):
+        while os.path.ismount(point):
+            _umount_detach(point)
+
+
+def hide_dirs(paths: Sequence[str]) -> None:
+    """In the caller's own mount namespace: an empty, read-only tmpfs (mode 000) over each folder
+    of `paths` that exists (after taking away what was mounted there), so that nothing in it can
+    be read, listed or written there."""
+    for path in paths:
+        if os.path.isdir(path):
+            _detach_at_and_below(os.path.realpath(path))
+            _mount(HIDDEN_SOURCE, path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=000")
+
+
+def private_dev(staging: str) -> None:
+    """In the caller's own mount namespace: a /dev of its own, a small tmpfs holding ``DEVICES``,
+    the GPUs' devices and ``SHARED_DEV_MOUNTS`` bound from the host's /dev, and the usual links.
+
+    It is built at `staging` (an empty folder) while the host's /dev is still in view, then moved
+    over /dev."""
+    _mount("ferry-dev", staging, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    names = [*DEVICES, *sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))]
+    for name in names:
+        source = os.path.join("/dev", name)
+        if os.path.exists(source) and not os.path.isdir(source):
+            target = os.path.join(staging, name)
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o666))
+            _mount(source, target, None, MS_BIND)
+    for name in SHARED_DEV_MOUNTS:
+        source = os.path.join("/dev", name)
+        if os.path.ismount(source):
+            os.mkdir(os.path.join(staging, name), 0o755)
+            _mount(source, os.path.join(staging, name), None, MS_BIND | MS_REC)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(target, os.path.join(staging, name))
+    _detach_at_and_below("/dev")
+    _mount(staging, "/dev", None, MS_MOVE)
+
+
+def drop_capabilities(numbers: Sequence[int] = tuple(DROPPED_CAPABILITIES.values())) -> None:
+    """Removes each capability in `numbers` from the caller's bounding set: what the caller then
+    execs (root or not, with file capabilities or not) can never hold them. Numbers this kernel
+    does not know are skipped."""
+    libc = _libc()
+    for cap in numbers:
+        if libc.prctl(ctypes.c_int(PR_CAPBSET_DROP), ctypes.c_ulong(cap), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) != 0 and ctypes.get_errno() != errno.EINVAL:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(err)}")
 
 
 def mount_own_proc() -> None:

@@ -1,6 +1,7 @@
 """The per-job monitor (like podman's conmon): ``python -m ferry.criu.shim launch|restore ...``.
 
-    python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] -- ARGV...
+    python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] \
+        [--hide DIR ...] -- ARGV...
     python -m ferry.criu.shim restore --job-dir D --incarnation K --images IMGDIR \
         --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN]
 
@@ -12,9 +13,11 @@ Processes:
     intermediate                  setsid(), forks the monitor and exits at once.
     monitor                       child subreaper, stdio on D/shim.log. launch: unshares a PID
         namespace and forks the workload as its PID 1, in a private mount namespace with a /proc
-        of its own (``linux.mount_own_proc``); restore: runs ``criu restore -d``, whose
-        restored root is reparented to it. Writes D/shim.json, reports, waits for the workload,
-        writes D/exit.json, exits. It never writes to D/stdout or D/stderr.
+        and a /dev of its own (``linux.mount_own_proc``, ``linux.private_dev``), each --hide
+        folder (the node's secrets and data) under an empty tmpfs (``linux.hide_dirs``), and
+        without the capabilities that would undo that (``linux.drop_capabilities``); restore:
+        runs ``criu restore -d``, whose restored root is reparented to it. Writes D/shim.json,
+        reports, waits for the workload, writes D/exit.json, exits. It never writes to D/stdout or D/stderr.
 
 The monitor outlives whoever started it, so exit codes are collected even when the node service is
 restarted; that service finds the job again through shim.json and exit.json.
@@ -42,7 +45,16 @@ from ferry.common.errors import UsageError
 from ferry.criu.binary import find_criu
 from ferry.criu.external import is_external_key
 from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
-from ferry.criu.linux import CLONE_NEWPID, mount_own_proc, reset_signals, set_child_subreaper, unshare
+from ferry.criu.linux import (
+    CLONE_NEWPID,
+    drop_capabilities,
+    hide_dirs,
+    mount_own_proc,
+    private_dev,
+    reset_signals,
+    set_child_subreaper,
+    unshare,
+)
 from ferry.criu.logs import failure_summary
 from ferry.criu.runner import RESTORE_LOG, CriuRunner
 
@@ -65,6 +77,7 @@ class LaunchPlan:
     executable: str
     cwd: str
     env: dict[str, str]
+    hide: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,14 @@ def plan_launch(ns: argparse.Namespace, argv: list[str]) -> LaunchPlan:
         raise Refused(f"working directory does not exist: {cwd}")
     env = _load_env(ns.env_json)
     executable = _resolve_executable(argv[0], env, cwd)
-    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env)
+    hide = tuple(os.path.realpath(p) for p in ns.hide)
+    for path in hide:
+        if path == "/" or not os.path.isabs(path):
+            raise Refused(f"--hide wants a folder other than /, got {path!r}")
+        for needed, what in ((cwd, "working directory"), (executable, "command")):
+            if os.path.realpath(needed) == path or os.path.realpath(needed).startswith(path + "/"):
+                raise Refused(f"the job's {what} {needed} is inside {path}, which jobs must not see")
+    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env, hide)
 
 
 def plan_restore(ns: argparse.Namespace) -> RestorePlan:
@@ -268,10 +288,12 @@ def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
         os.setsid()
         step = "mount the job's own /proc"
         mount_own_proc()
+        step = "make the job's own /dev"
+        staging = tempfile.mkdtemp(prefix=".dev-", dir=plan.job_dir.path)
+        private_dev(staging)
+        os.rmdir(staging)
         reset_signals()
-        step = f"chdir to {plan.cwd}"
-        os.chdir(plan.cwd)
-        step = "open stdio"
+        step = "open stdio"  # before the job folder may be hidden
         stdin = os.open(os.devnull, os.O_RDONLY)
         out = os.open(plan.job_dir.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         err = os.open(plan.job_dir.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -279,6 +301,12 @@ def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
             os.dup2(fd, target)
         for fd in (stdin, out, err):
             os.close(fd)
+        step = "hide the node's folders"
+        hide_dirs(plan.hide)
+        step = "drop capabilities"
+        drop_capabilities()
+        step = f"chdir to {plan.cwd}"
+        os.chdir(plan.cwd)
         os.closerange(3, errpipe)
         os.closerange(errpipe + 1, 1 << 20)
         step = f"execute {plan.argv[0]}"
@@ -374,6 +402,8 @@ def _parser() -> argparse.ArgumentParser:
         if mode == "launch":
             p.add_argument("--cwd")
             p.add_argument("--env-json")
+            p.add_argument("--hide", action="append", default=[], metavar="DIR",
+                           help="a folder the workload must not see (repeat)")
         else:
             p.add_argument("--images", required=True)
             p.add_argument("--inherit", action="append", default=[], metavar="FILE_IN_D=ORIGINAL_ABS_PATH")

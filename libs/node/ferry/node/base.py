@@ -137,6 +137,31 @@ def scratch_dir(configured: str, work_dir: Path, node_id: str) -> Path:
     return work_dir / "scratch"
 
 
+SHARED_FOLDERS = frozenset({"/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib", "/lib64", "/mnt",
+                            "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+                            "/var/lib", "/var/tmp"})
+"""Folders that hold what workloads need too: never hidden, even where a secret file sits in one
+(that file is then left to its own mode, and ``ferry up`` never puts one there)."""
+
+
+def hidden_from_jobs(settings: Settings, scratch: Path) -> list[Path]:
+    """The folders a workload on this node must not see (``ferry.criu.shim --hide``): the data
+    dir (other jobs' output, a local store, NATS' files), the node's work and scratch folders (raw
+    images: other jobs' memory), and each folder holding one of this node's credentials or keys
+    (NATS user, TLS, store keyring, environment key, configuration). The most general of nested
+    ones only; ``SHARED_FOLDERS`` never."""
+    config = os.environ.get("FERRY_CONFIG")
+    files = [settings.nats_creds, settings.nats_ca, settings.resolved_store_key_file(),
+             settings.resolved_env_key_file(public=False), settings.tokens_file, settings.tls_cert, settings.tls_key,
+             settings.tls_ca, settings.page_tls_cert, settings.page_tls_key, settings.page_tls_ca,
+             Path(config) if config else None]
+    scratch_root = scratch.parent if scratch.parent.name == "ferry" else scratch
+    found = {Path(os.path.realpath(p)) for p in (settings.data_dir, settings.node_work_dir(), scratch_root)}
+    found |= {Path(os.path.realpath(f)).parent for f in files if f is not None}
+    kept = sorted(p for p in found if str(p) not in SHARED_FOLDERS)
+    return [p for p in kept if not any(other != p and p.is_relative_to(other) for other in kept)]
+
+
 def page_tls(settings: Settings) -> tuple[str, ...]:
     """CRIU's TLS flags for the page server of live moves (FERRY_PAGE_TLS_CERT/_KEY/_CA), or ()."""
     given = [settings.page_tls_cert, settings.page_tls_key, settings.page_tls_ca]

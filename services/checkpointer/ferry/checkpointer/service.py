@@ -37,6 +37,7 @@ from ferry.gpu.xid import XidWatcher
 from ferry.node.base import (
     NODE_ACK_WAIT_S,
     NodeService,
+    hidden_from_jobs,
     read_meminfo_bytes,
     workload_env,
 )
@@ -275,7 +276,8 @@ class Checkpointer(LiveSource, NodeService):
             env = workload_env(open_env(job.env, self.env_key(), job.tenant))
             if job.gpu_uuids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
-            info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation)
+            info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation,
+                                hide=hidden_from_jobs(self.settings, self.scratch_dir))
         except (LaunchFailed, SealError, ConfigError) as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
