@@ -232,12 +232,16 @@ def test_migrator_killed_while_the_memory_arrives_finishes_or_undoes_the_move(cl
     cluster.wait_lines(name, 3)
     move = subprocess.Popen([str(BIN / "ferry"), "migrate", name, "--to", "node-2", "--live", "-o", "json"],
                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: "still arriving" in (cluster.json("status", name).get("reason") or ""), 120,
-               "the target to run with its memory still arriving", interval=0.05)
-    (lazy,) = lazy_daemons()
+    # Held still as soon as the restored copy shows up beside the frozen source: polling
+    # `ferry status` (0.7 s a call on a loaded machine) for "still arriving" first sometimes saw
+    # the transfer end before the daemon could be found.
+    lazy = wait_until(lambda: len(copies(BIG_HOG)) == 2 and len(d := lazy_daemons()) == 1 and d[0], 120,
+                      "the restored copy beside its frozen source", interval=0.02)
     group = os.getpgid(lazy.pid)
     os.killpg(group, signal.SIGSTOP)
     try:
+        wait_until(lambda: "still arriving" in (cluster.json("status", name).get("reason") or ""), 60,
+                   "the target to run with its memory still arriving", interval=0.05)
         kill_service(cluster, "migrator@node-2")
         if daemon == "dies":
             os.killpg(group, signal.SIGKILL)
