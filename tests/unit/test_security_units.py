@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ferry.api.auth import _outcome
 from ferry.common import wire
 from ferry.common.config import Settings
 from ferry.common.errors import ConfigError, PermissionDenied, QuotaExceeded
@@ -18,6 +19,7 @@ from ferry.common.tls import is_loopback
 from ferry.criu.linux import mount_points
 from ferry.node.base import hidden_from_jobs
 from ferry.store.keys import write_private
+from ferry.v1 import ferry_pb2 as pb
 
 
 def _allowed(user: str, direction: str = "publish") -> list[str]:
@@ -184,3 +186,14 @@ def test_the_mount_points_of_a_mountinfo_text_are_unescaped() -> None:
     text = ("22 1 0:21 / / rw - ext4 /dev/vda1 rw\n"
             "23 22 0:22 / /var/lib/my\\040data rw - tmpfs tmpfs rw\n")
     assert mount_points(text) == ["/", "/var/lib/my data"]
+
+
+def test_an_operation_that_fails_after_it_streamed_is_audited_as_failed() -> None:
+    class Ok:
+        def code(self) -> None:
+            return None
+
+    failed = pb.OpUpdate(op="op-1", done=True, error_code=1, error="criu dump failed: Connected TCP socket")
+    assert _outcome(Ok(), None, failed) == ("FAILED", "criu dump failed: Connected TCP socket")
+    assert _outcome(Ok(), None, pb.OpUpdate(op="op-1", done=True)) == ("ok", "")
+    assert _outcome(Ok(), None, pb.OpUpdate(op="op-1", phase="upload")) == ("ok", "")

@@ -45,7 +45,9 @@ def target_of(request: Any) -> str:
     return ""
 
 
-def _outcome(context: Any, exc: BaseException | None) -> tuple[str, str]:
+def _outcome(context: Any, exc: BaseException | None, last: Any = None) -> tuple[str, str]:
+    """How a call ended: its gRPC status, or, for an operation streamed to its end, the error its
+    last update carries (an op that failed on a node ends its stream with one, not with a status)."""
     code = context.code() if hasattr(context, "code") else None
     if isinstance(exc, grpc.aio.AbortError) or (code is not None and code != grpc.StatusCode.OK):
         name = code.name if isinstance(code, grpc.StatusCode) else "ABORTED"
@@ -53,6 +55,8 @@ def _outcome(context: Any, exc: BaseException | None) -> tuple[str, str]:
         return name, str(details or "")
     if exc is not None:
         return "UNKNOWN", str(exc)
+    if last is not None and getattr(last, "done", False) and getattr(last, "error", ""):
+        return "FAILED", str(last.error)
     return "ok", ""
 
 
@@ -76,26 +80,29 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return self._wrap(handler, principal, method)
 
     async def _record(self, principal: Principal, method: str, request: Any, context: Any,
-                      exc: BaseException | None) -> None:
+                      exc: BaseException | None, last: Any = None) -> None:
         if method not in MUTATING:
             return
-        outcome, error = _outcome(context, exc)
+        outcome, error = _outcome(context, exc, last)
         await self._audit(AuditEntry(time=time.time(), tenant=principal.tenant, who=principal.who,
                                      role=principal.role.value, method=method, target=target_of(request),
                                      outcome=outcome, error=error[:500]))
 
     @contextlib.asynccontextmanager
-    async def _call(self, principal: Principal, method: str, request: Any, context: Any) -> AsyncIterator[None]:
-        """One call as ``principal``, recorded in the audit trail however it ends."""
+    async def _call(self, principal: Principal, method: str, request: Any,
+                    context: Any) -> AsyncIterator[list[Any]]:
+        """One call as ``principal``, recorded in the audit trail however it ends (a stream puts
+        each update it sends in the yielded list: the last one may tell a failed operation)."""
         CALLER.set(principal)
         failure: BaseException | None = None
+        sent: list[Any] = []
         try:
-            yield
+            yield sent
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            await self._record(principal, method, request, context, failure)
+            await self._record(principal, method, request, context, failure, sent[-1] if sent else None)
 
     def _wrap(self, handler: Handler, principal: Principal, method: str) -> Handler:
         call = self._call
@@ -103,8 +110,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             inner_stream: Any = handler.unary_stream  # an async generator function under grpc.aio
 
             async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                async with call(principal, method, request, context):
+                async with call(principal, method, request, context) as sent:
                     async for item in inner_stream(request, context):
+                        sent[:] = [item]
                         yield item
 
             return grpc.unary_stream_rpc_method_handler(

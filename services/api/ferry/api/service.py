@@ -35,6 +35,7 @@ from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+TENANT_CACHE_MAX = 100_000  # jobs whose tenant the event watch remembers
 _tracer = tracer("api")
 DRAIN_SETTLED = frozenset({JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
 AUDIT_LIMIT_MAX = 10_000
@@ -80,6 +81,9 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             job = await self.bus.jobs.get(job_id) if wire.is_token(job_id) else None
             if job is None:
                 return None
+            if len(self._job_tenants) >= TENANT_CACHE_MAX:  # bounded: forget the oldest half
+                for old in list(self._job_tenants)[: TENANT_CACHE_MAX // 2]:
+                    del self._job_tenants[old]
             self._job_tenants[job_id] = job.tenant
         return self._job_tenants[job_id]
 
