@@ -27,6 +27,7 @@ from ferry.criu.images import (
 from ferry.criu.logs import first_error, log_excerpt
 from ferry.criu.protobuf import Message, read_varint
 from ferry.criu.runner import CriuRunner
+from ferry.criu.sockets import FILES_MAGIC, read_sockets
 
 # -- a tiny protobuf encoder, written for these tests ---------------------------------------------
 
@@ -323,3 +324,32 @@ def test_restore_command_hands_over_external_files_by_their_key() -> None:
     argv = CriuRunner("criu").restore_command(Path("/imgs"), Path("/p"), {5: "file[1b:3f2]", 7: "/jobs/a/stderr"})
     assert argv[argv.index("fd[5]:file[1b:3f2]") - 1] == "--inherit-fd"
     assert "fd[7]:jobs/a/stderr" in argv
+
+
+# -- sockets ----------------------------------------------------------------------------------------
+
+
+def inet_sk(*, family: int, proto: int, state: int, src: tuple[list[int], int], dst: tuple[list[int], int],
+            packed: bool = False) -> bytes:
+    msg = f_varint(1, 7) + f_varint(2, 99) + f_varint(3, family) + f_varint(4, 1) + f_varint(5, proto)
+    msg += f_varint(6, state) + f_varint(7, src[1]) + f_varint(8, dst[1])
+    for number, words in ((11, src[0]), (12, dst[0])):
+        if packed:
+            msg += f_bytes(number, b"".join(varint(w) for w in words))
+        else:
+            msg += b"".join(f_varint(number, w) for w in words)
+    return msg
+
+
+def test_the_sockets_of_a_dump_are_read_from_its_files_image(tmp_path: Path) -> None:
+    loopback = struct.unpack("<I", bytes([127, 0, 0, 1]))[0]
+    v6 = list(struct.unpack("<4I", bytes(15) + b"\x01"))
+    listen = inet_sk(family=2, proto=6, state=10, src=([loopback], 8080), dst=([0], 0))
+    conn = inet_sk(family=2, proto=6, state=1, src=([loopback], 8080), dst=([loopback], 40112), packed=True)
+    udp6 = inet_sk(family=10, proto=17, state=7, src=(v6, 53), dst=([0, 0, 0, 0], 0))
+    reg = f_varint(1, 1) + f_varint(2, 3)  # a regular file: not a socket
+    entries = [f_varint(1, 4) + f_varint(2, i) + f_bytes(4, sk) for i, sk in enumerate((listen, conn, udp6))]
+    (tmp_path / "files.img").write_bytes(image(reg, *entries, magic=FILES_MAGIC))
+    assert [str(s) for s in read_sockets(tmp_path)] == [
+        "tcp 127.0.0.1:8080 listen", "tcp 127.0.0.1:8080 <-> 127.0.0.1:40112 established", "udp [::1]:53 close"]
+    assert read_sockets(tmp_path / "none") == []

@@ -5,7 +5,9 @@ import pytest
 from ferry.common import wire
 from ferry.common.errors import UsageError
 from ferry.common.jobspec import EXEC_MAX, check_request
+from ferry.common.models import Network
 from ferry.common.sealing import SealedEnv, new_key_pair, seal_env
+from ferry.criu.runner import job_criu_args
 
 
 def refused(**fields: object) -> str:
@@ -87,3 +89,19 @@ def test_a_spec_becomes_a_job_with_every_field_it_carries() -> None:
     for field in set(JobSpec.model_fields) - {"node"}:
         assert field in Job.model_fields, field  # a spec field the job record would drop
         assert getattr(job, field) == getattr(spec, field), field
+
+
+def test_a_network_is_isolated_or_host() -> None:
+    assert check_request({"argv": ["true"], "network": "isolated"}).to_spec(
+        "n", now=0, env=SealedEnv()).network == Network.ISOLATED
+    assert check_request({"argv": ["true"]}).to_spec("n", now=0, env=SealedEnv()).network == Network.HOST
+    assert refused(network="bridge") == ("bad --network 'bridge': bridge networks are not built yet: "
+                                         "use isolated (loopback only) or host")
+    assert refused(network="lan").startswith("bad --network 'lan': unknown network 'lan'")
+
+
+def test_every_dump_and_restore_of_an_isolated_job_keeps_its_connections() -> None:
+    assert job_criu_args("host") == ()
+    assert job_criu_args("isolated") == ("--tcp-established", "--network-lock", "nftables")
+    assert job_criu_args("host", ["--tcp-established"]) == ("--tcp-established", "--network-lock", "nftables")
+    assert job_criu_args("isolated", ["--tcp-established"]).count("--tcp-established") == 1

@@ -342,6 +342,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     GPU_MODEL_FIELD_NUMBER: builtins.int
     GPU_MEMORY_BYTES_FIELD_NUMBER: builtins.int
     GPU_SHARED_FIELD_NUMBER: builtins.int
+    NETWORK_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -362,6 +363,8 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """per GPU"""
     gpu_shared: builtins.bool
     """may share GPUs with other jobs that also allow it"""
+    network: builtins.str
+    """"isolated" (own network namespace, loopback only) or "host"; empty: host"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -384,8 +387,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         gpu_model: builtins.str = ...,
         gpu_memory_bytes: builtins.int = ...,
         gpu_shared: builtins.bool = ...,
+        network: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "node", b"node", "priority", b"priority"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -674,6 +678,7 @@ class Job(google.protobuf.message.Message):
     GPU_MEMORY_BYTES_FIELD_NUMBER: builtins.int
     GPU_UUIDS_FIELD_NUMBER: builtins.int
     TENANT_FIELD_NUMBER: builtins.int
+    NETWORK_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -701,6 +706,8 @@ class Job(google.protobuf.message.Message):
     gpu_memory_bytes: builtins.int
     tenant: builtins.str
     """whose job it is (its submitter's token's tenant)"""
+    network: builtins.str
+    """isolated: its own network namespace; host: its sockets bind the node's addresses"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -740,8 +747,9 @@ class Job(google.protobuf.message.Message):
         gpu_memory_bytes: builtins.int = ...,
         gpu_uuids: collections.abc.Iterable[builtins.str] | None = ...,
         tenant: builtins.str = ...,
+        network: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 
@@ -772,6 +780,7 @@ class Checkpoint(google.protobuf.message.Message):
     GPU_BYTES_FIELD_NUMBER: builtins.int
     GPU_LOCK_MS_FIELD_NUMBER: builtins.int
     GPU_CHECKPOINT_MS_FIELD_NUMBER: builtins.int
+    SOCKETS_FIELD_NUMBER: builtins.int
     id: builtins.str
     job: builtins.str
     job_name: builtins.str
@@ -797,6 +806,10 @@ class Checkpoint(google.protobuf.message.Message):
     gpu_checkpoint_ms: builtins.float
     @property
     def log_excerpt(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def sockets(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """the Internet sockets it carried, e.g. "tcp 127.0.0.1:80 <-> 127.0.0.1:4711 established" """
+
     def __init__(
         self,
         *,
@@ -823,8 +836,9 @@ class Checkpoint(google.protobuf.message.Message):
         gpu_bytes: builtins.int = ...,
         gpu_lock_ms: builtins.float = ...,
         gpu_checkpoint_ms: builtins.float = ...,
+        sockets: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["bytes_logical", b"bytes_logical", "bytes_stored", b"bytes_stored", "bytes_uploaded", b"bytes_uploaded", "created", b"created", "criu_version", b"criu_version", "dump_ms", b"dump_ms", "error", b"error", "final", b"final", "freeze_ms", b"freeze_ms", "gpu_bytes", b"gpu_bytes", "gpu_checkpoint_ms", b"gpu_checkpoint_ms", "gpu_lock_ms", b"gpu_lock_ms", "id", b"id", "job", b"job", "job_name", b"job_name", "kernel", b"kernel", "log_excerpt", b"log_excerpt", "manifest_key", b"manifest_key", "node", b"node", "parent", b"parent", "state", b"state", "total_ms", b"total_ms", "upload_ms", b"upload_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes_logical", b"bytes_logical", "bytes_stored", b"bytes_stored", "bytes_uploaded", b"bytes_uploaded", "created", b"created", "criu_version", b"criu_version", "dump_ms", b"dump_ms", "error", b"error", "final", b"final", "freeze_ms", b"freeze_ms", "gpu_bytes", b"gpu_bytes", "gpu_checkpoint_ms", b"gpu_checkpoint_ms", "gpu_lock_ms", b"gpu_lock_ms", "id", b"id", "job", b"job", "job_name", b"job_name", "kernel", b"kernel", "log_excerpt", b"log_excerpt", "manifest_key", b"manifest_key", "node", b"node", "parent", b"parent", "sockets", b"sockets", "state", b"state", "total_ms", b"total_ms", "upload_ms", b"upload_ms"]) -> None: ...
 
 global___Checkpoint = Checkpoint
 

@@ -74,6 +74,7 @@ def validate_run(args: argparse.Namespace) -> None:
         "gpu_model": args.gpu_model or "",
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
+        "network": args.network,
     })
     if not os.path.isdir(cwd):
         raise UsageError(f"--cwd {cwd}: no such directory")
@@ -191,6 +192,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             print(f"{key:16} {d[key]}")
     if last is not None:
         print(f"{'checkpointed':16} {ago(last.created)} on {last.node}, {size(last.bytes_logical)}")
+    network = job.network or "host"
+    print(f"{'network':16} {network}" + (" (its sockets bind the node's addresses; a restore may find its ports "
+                                           "taken)" if network == "host" else " (loopback only, checkpointed "
+                                                                                 "with the job)"))
     return 0
 
 

@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-model", help="only GPUs whose name contains this, e.g. H100")
     p.add_argument("--gpu-memory", metavar="SIZE", help="only GPUs with at least this much memory, e.g. 40GiB")
     p.add_argument("--gpu-shared", action="store_true", help="may share GPUs with jobs that also allow it")
+    p.add_argument("--network", default="", metavar="isolated|host",
+                   help="isolated: a network namespace of the job's own, loopback only, checkpointed with the job "
+                        "(its TCP connections included); host (the default): the node's network, whose ports a "
+                        "restore may find taken")
     p.add_argument("--deadline", metavar="DURATION", help="SLA: finish within this long from now, e.g. 6h")
     p.add_argument("--max-downtime", metavar="DURATION", help="SLA: the longest stop the job tolerates, e.g. 30s")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ferry.common.errors import UsageError
-from ferry.common.models import DEFAULT_TENANT
+from ferry.common.models import DEFAULT_TENANT, Network
 from ferry.common.sealing import SealedEnv
 from ferry.common.units import format_bytes
 from ferry.common.wire import JobSpec, is_token
@@ -37,6 +37,7 @@ FLAGS = {
     "checkpoint_every_s": "--checkpoint-every", "priority": "--priority", "cpus": "--cpus",
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
+    "network": "--network",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -61,6 +62,7 @@ class JobRequest(BaseModel):
     gpu_model: str = Field("", max_length=GPU_MODEL_MAX)
     gpu_memory_bytes: int = Field(0, ge=0, le=BYTES_MAX)
     gpu_shared: bool = False
+    network: str = ""  # empty: host (see Network)
 
     @field_validator("name")
     @classmethod
@@ -104,6 +106,15 @@ class JobRequest(BaseModel):
             raise ValueError("no such node name: `ferry nodes` lists them")
         return v
 
+    @field_validator("network")
+    @classmethod
+    def _network(cls, v: str) -> str:
+        if v == "bridge":
+            raise ValueError("bridge networks are not built yet: use isolated (loopback only) or host")
+        if v and v not in {n.value for n in Network}:
+            raise ValueError(f"unknown network {v!r}: use isolated (loopback only) or host (the node's)")
+        return v
+
     @field_validator("gpu_model")
     @classmethod
     def _gpu_model(cls, v: str) -> str:
@@ -123,7 +134,8 @@ class JobRequest(BaseModel):
             memory_bytes=self.memory_bytes, gpus=self.gpus,
             deadline=now + self.deadline_s if self.deadline_s else None,
             max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
-            gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared)
+            gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
+            network=Network(self.network or Network.HOST))
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:

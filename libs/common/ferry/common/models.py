@@ -23,6 +23,13 @@ def new_id(prefix: str) -> str:
 
 DEFAULT_TENANT = "default"  # the tenant of every job where the API has no tokens file
 
+class Network(StrEnum):
+    """Where a job's sockets live (``ferry run --network``)."""
+
+    HOST = "host"  # the node's own network: its ports are the node's, a restore may find them taken
+    ISOLATED = "isolated"  # a network namespace of its own with loopback only; dumped and restored with the job
+
+
 class JobState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
@@ -77,6 +84,7 @@ class Job(Record):
     kill_requested: bool = False
     kill_op: str | None = None  # the kill op waiting for the job to end
     tenant: str = DEFAULT_TENANT  # its API token's tenant; its checkpoints are sealed with that tenant's keys
+    network: Network = Network.HOST
 
     @property
     def terminal(self) -> bool:
@@ -141,6 +149,7 @@ class CheckpointRecord(Record):
     gpu_bytes: int = 0  # device memory moved into the dump by the CUDA driver's checkpoint API
     gpu_lock_ms: float = 0.0
     gpu_checkpoint_ms: float = 0.0
+    sockets: list[str] = Field(default_factory=list)  # the Internet sockets it carried ("tcp A <-> B established")
 
 
 class OpKind(StrEnum):

@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from ferry.common.errors import FerryError
-from ferry.common.models import DEFAULT_TENANT, CheckpointRecord, Job, OpKind, new_id, now
+from ferry.common.models import DEFAULT_TENANT, CheckpointRecord, Job, Network, OpKind, new_id, now
 from ferry.common.moves import LiveReport, NodeOptions, PageSource
 from ferry.common.record import Record
 from ferry.common.sealing import SealedEnv
@@ -122,6 +122,7 @@ class JobSpec(Record):
     gpu_model: str | None = None
     gpu_memory_bytes: int = 0
     gpu_shared: bool = False
+    network: Network = Network.HOST
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""

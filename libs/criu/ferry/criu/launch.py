@@ -41,13 +41,15 @@ async def launch(
     env: Mapping[str, str],
     incarnation: int,
     hide: Sequence[str | os.PathLike[str]] = (),
+    network: str = "host",
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
     """Start ``argv`` as PID 1 of a new PID namespace under a detached shim.
 
     Each folder of ``hide`` that exists is out of the workload's sight (an empty tmpfs over it in
-    the job's mount namespace).
+    the job's mount namespace). ``network`` "isolated" gives it a network namespace of its own
+    with loopback only.
 
     ``env`` is the workload's whole environment (its PATH finds the command); ``cwd`` None means
     the caller's. Raises LaunchFailed (command not found, bad cwd, exec failure, ...).
@@ -61,6 +63,7 @@ async def launch(
             cmd += ["--cwd", os.fspath(cwd)]
         for path in hide:
             cmd += ["--hide", os.fspath(path)]
+        cmd += ["--network", network]
         cmd += ["--", *argv]
         return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
     finally:
@@ -74,10 +77,11 @@ async def restore(
     inherit: Mapping[str, str],
     incarnation: int,
     criu_bin: str = "criu",
+    criu_args: Sequence[str] = (),
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
-    """Restore the images under a detached shim.
+    """Restore the images under a detached shim (``criu_args``: more options for ``criu restore``).
 
     ``inherit`` maps a file in the job directory (e.g. "stdout", rebuilt by the caller at the
     size recorded by the dump) to the absolute path the dumped process had open. Raises
@@ -91,6 +95,7 @@ async def restore(
     cmd += ["--incarnation", str(incarnation), "--images", str(images_dir), "--criu", criu]
     for local, original in inherit.items():
         cmd += ["--inherit", f"{local}={original}"]
+    cmd += [f"--criu-arg={arg}" for arg in criu_args]
     return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=str(images_dir / RESTORE_LOG))
 
 

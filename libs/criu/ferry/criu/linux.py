@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import re
 import signal
+import socket
+import struct
 from collections.abc import Sequence
 from functools import cache
 
 import psutil
 
 __all__ = [
+    "CLONE_NEWNET",
     "CLONE_NEWNS",
     "CLONE_NEWPID",
     "PR_SET_CHILD_SUBREAPER",
@@ -20,6 +24,7 @@ __all__ = [
     "drop_capabilities",
     "hide_dirs",
     "is_gone",
+    "isolate_network",
     "mount_own_proc",
     "mount_points",
     "ns_pids",
@@ -30,6 +35,7 @@ __all__ = [
     "unshare",
 ]
 
+CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -176,6 +182,17 @@ def mount_own_proc() -> None:
     unshare(CLONE_NEWNS)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def isolate_network() -> None:
+    """A network namespace of the caller's own with its loopback up and nothing else: the
+    caller's sockets reach only each other (CRIU dumps and restores the namespace with them)."""
+    unshare(CLONE_NEWNET)
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        got = fcntl.ioctl(s, siocgifflags, struct.pack("16sH14s", b"lo", 0, b""))
+        flags = struct.unpack("16sH14s", got)[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
 
 
 def set_child_subreaper() -> None:

@@ -1,9 +1,9 @@
 """The per-job monitor (like podman's conmon): ``python -m ferry.criu.shim launch|restore ...``.
 
     python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] \
-        [--hide DIR ...] -- ARGV...
+        [--hide DIR ...] [--network host|isolated] -- ARGV...
     python -m ferry.criu.shim restore --job-dir D --incarnation K --images IMGDIR \
-        --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN]
+        --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN] [--criu-arg ARG ...]
 
 Processes:
 
@@ -49,6 +49,7 @@ from ferry.criu.linux import (
     CLONE_NEWPID,
     drop_capabilities,
     hide_dirs,
+    isolate_network,
     mount_own_proc,
     private_dev,
     reset_signals,
@@ -78,6 +79,7 @@ class LaunchPlan:
     cwd: str
     env: dict[str, str]
     hide: tuple[str, ...] = ()
+    network: str = "host"
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class RestorePlan:
     images: Path
     inherit: list[tuple[Path, str]]
     criu: str
+    criu_args: tuple[str, ...] = ()
 
 
 # -- validation (in the starter) -----------------------------------------------------------------
@@ -131,7 +134,7 @@ def plan_launch(ns: argparse.Namespace, argv: list[str]) -> LaunchPlan:
         for needed, what in ((cwd, "working directory"), (executable, "command")):
             if os.path.realpath(needed) == path or os.path.realpath(needed).startswith(path + "/"):
                 raise Refused(f"the job's {what} {needed} is inside {path}, which jobs must not see")
-    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env, hide)
+    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env, hide, ns.network)
 
 
 def plan_restore(ns: argparse.Namespace) -> RestorePlan:
@@ -153,7 +156,7 @@ def plan_restore(ns: argparse.Namespace) -> RestorePlan:
         if not local.is_file():
             raise Refused(f"--inherit file {local} does not exist")
         inherit.append((local, original))
-    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu)
+    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu, tuple(ns.criu_arg))
 
 
 # -- detaching -----------------------------------------------------------------------------------
@@ -286,6 +289,9 @@ def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
     step = "start"
     try:
         os.setsid()
+        if plan.network == "isolated":
+            step = "make the job's own network"
+            isolate_network()
         step = "mount the job's own /proc"
         mount_own_proc()
         step = "make the job's own /dev"
@@ -356,7 +362,7 @@ def monitor_restore(plan: RestorePlan, report: Report) -> int:
         try:
             for local, original in plan.inherit:
                 fds[os.open(local, os.O_WRONLY | os.O_APPEND)] = original
-            argv = CriuRunner(plan.criu).restore_command(plan.images, pidfile, fds)
+            argv = CriuRunner(plan.criu).restore_command(plan.images, pidfile, fds, plan.criu_args)
             log.info("running %s", " ".join(argv))
             started = time.monotonic()
             rc = subprocess.run(
@@ -404,10 +410,14 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--env-json")
             p.add_argument("--hide", action="append", default=[], metavar="DIR",
                            help="a folder the workload must not see (repeat)")
+            p.add_argument("--network", choices=["host", "isolated"], default="host",
+                           help="isolated: a network namespace of the workload's own, loopback only")
         else:
             p.add_argument("--images", required=True)
             p.add_argument("--inherit", action="append", default=[], metavar="FILE_IN_D=ORIGINAL_ABS_PATH")
             p.add_argument("--criu", default="criu")
+            p.add_argument("--criu-arg", action="append", default=[], metavar="ARG",
+                           help="one more option for criu restore (repeat)")
     return parser
 
 

@@ -19,7 +19,7 @@ def job_to_pb(job: Job) -> pb.Job:
         priority=job.priority, incarnation=job.incarnation, reason=job.reason or "", checkpoints=job.checkpoints,
         cpus=job.cpus, memory_bytes=job.memory_bytes, gpus=job.gpus, deadline=job.deadline or 0.0,
         max_downtime_s=job.max_downtime_s or 0.0, gpu_model=job.gpu_model or "", gpu_memory_bytes=job.gpu_memory_bytes,
-        gpu_uuids=job.gpu_uuids,
+        gpu_uuids=job.gpu_uuids, network=job.network.value,
     )
 
 
@@ -30,7 +30,7 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
         bytes_stored=c.bytes_stored, bytes_uploaded=c.bytes_uploaded, freeze_ms=c.freeze_ms, dump_ms=c.dump_ms,
         upload_ms=c.upload_ms, total_ms=c.total_ms, manifest_key=c.manifest_key, error=c.error or "",
         log_excerpt=c.log_excerpt, final=c.final, gpu_bytes=c.gpu_bytes, gpu_lock_ms=c.gpu_lock_ms,
-        gpu_checkpoint_ms=c.gpu_checkpoint_ms,
+        gpu_checkpoint_ms=c.gpu_checkpoint_ms, sockets=c.sockets,
     )
 
 

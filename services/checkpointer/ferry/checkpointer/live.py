@@ -30,6 +30,7 @@ from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
 from ferry.criu.lazy_source import LazySource
 from ferry.criu.linux import is_gone
+from ferry.criu.runner import job_criu_args
 from ferry.node.base import LOGS_DIR, NodeService, page_tls, snapshot_logs
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
@@ -43,12 +44,6 @@ RESUME_SETTLE_S = 0.3
 def live_store_job(job_id: str) -> str:
     """The store's job under which a live move's images (all but memory) travel."""
     return f"{job_id}.live"
-
-
-def criu_dump_args(args: list[str]) -> tuple[str, ...]:
-    """CRIU options of a live move's dump: with TCP connections, lock the network with nftables
-    (CRIU's default, iptables, needs a binary Debian no longer installs; CRIU links libnftables)."""
-    return (*args, "--network-lock", "nftables") if "--tcp-established" in args else tuple(args)
 
 
 class LiveMarker(BaseModel):
@@ -96,7 +91,7 @@ class LiveSource(NodeService):
         shutil.rmtree(images, ignore_errors=True)
         source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
                             tls_args=page_tls(self.settings),
-                            extra_args=criu_dump_args(cmd.options.criu_args))
+                            extra_args=job_criu_args(job.network, cmd.options.criu_args))
         self.live[job.id] = source
         try:
             self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)

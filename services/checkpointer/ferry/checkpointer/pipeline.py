@@ -27,10 +27,11 @@ from ferry.common import wire
 from ferry.common.config import Settings
 from ferry.common.models import CheckpointRecord
 from ferry.common.tracing import tracer
-from ferry.criu.errors import CriuError, DumpFailed
+from ferry.criu.errors import CriuError, DumpFailed, ImageError
 from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
-from ferry.criu.runner import CriuRunner, DumpResult
+from ferry.criu.runner import CriuRunner, DumpResult, job_criu_args
+from ferry.criu.sockets import read_sockets
 from ferry.gpu.compat import snapshot_of
 from ferry.gpu.cuda_checkpoint import (
     CudaCheckpointer,
@@ -239,7 +240,8 @@ class CheckpointPipeline:
                 # if the upload fails the job simply continues.
                 dump = await self.criu.dump(pid, images, leave_running=not cmd.stop,
                                             record_sizes=[jd.stdout, jd.stderr],
-                                            extra_args=["--leave-stopped"] if cmd.stop else [])
+                                            extra_args=[*(["--leave-stopped"] if cmd.stop else []),
+                                                        *job_criu_args(job.network, cmd.options.criu_args)])
                 span.set_attribute("ferry.dump_ms", dump.wall_ms)
         except CriuError:
             if gpu is not None:  # CRIU resumed the tree: give it its GPU state back
@@ -275,6 +277,10 @@ class CheckpointPipeline:
             meta["gpu"] = snapshot_of(used, host.gpu_driver_version()).model_dump()
         (images / META_FILE).write_text(json.dumps(meta))
         page_maps = await asyncio.to_thread(find_page_maps, images)
+        try:
+            record.sockets = [str(s) for s in await asyncio.to_thread(read_sockets, images)]
+        except ImageError as exc:  # only what the record says: the dump itself is good
+            log.warning("could not list the sockets of %s: %s", cmd.checkpoint, exc)
         record.dump_ms = dump.wall_ms
         record.freeze_ms = dump.frozen_ms if dump.frozen_ms is not None else dump.wall_ms
         record.manifest_key = manifest_key(job.id, cmd.checkpoint)

@@ -18,6 +18,7 @@ from ferry.common.service import service_main
 from ferry.common.tracing import tracer
 from ferry.criu.errors import CriuError
 from ferry.criu.launch import restore
+from ferry.criu.runner import job_criu_args
 from ferry.gpu.compat import check_restore_target, device_map
 from ferry.gpu.cuda_checkpoint import default_checkpointer, resume_after_restore
 from ferry.gpu.errors import GpuError
@@ -87,7 +88,8 @@ class Migrator(LiveTarget, NodeService):
                 shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
             with _tracer.start_as_current_span("criu.restore"):
                 info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},
-                                     incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin)
+                                     incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
+                                     criu_args=job_criu_args(cmd.job.network, cmd.options.criu_args))
             if gpu is not None:
                 with _tracer.start_as_current_span("cuda.restore"):
                     await resume_after_restore(info.pid, default_checkpointer(), device_map(gpu[0].uuids, gpu[1]))

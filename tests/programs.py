@@ -1,0 +1,28 @@
+"""Small workloads the tests run as Ferry jobs, as `python -c` programs."""
+
+
+def tcp_pair(port: int, messages: int | None = None) -> str:
+    """A server and a client (forked) on one TCP connection over loopback: the client sends n, the
+    server answers n+1, the client prints it: 1, 2, 3... (to `messages`, then both exit; forever
+    without). The count is unbroken only if the connection lost or repeated no message."""
+    until = f"n < {messages}" if messages else "True"
+    return f"""
+import os, socket, sys, time
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", {port}))
+srv.listen(1)
+if os.fork() == 0:
+    c = socket.create_connection(("127.0.0.1", {port}))
+    n = 0
+    while {until}:
+        c.sendall(b"%d\\n" % n)
+        n = int(c.recv(64))
+        print(n, flush=True)
+        time.sleep(0.02)
+    sys.exit(0)
+conn, _ = srv.accept()
+while got := conn.recv(64):
+    conn.sendall(b"%d" % (int(got) + 1))
+os.wait()
+"""
