@@ -26,3 +26,29 @@ while got := conn.recv(64):
     conn.sendall(b"%d" % (int(got) + 1))
 os.wait()
 """
+
+
+def udp_and_unix(port: int) -> str:
+    """A UDP socket on 127.0.0.1:`port` and a unix socket pair between a parent and its child:
+    each second line the child asks over the pair, the parent answers over UDP to itself and
+    prints `n udp unix`: unbroken only if both kinds of socket came through."""
+    return f"""
+import os, socket, time
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.1", {port}))
+mine, theirs = socket.socketpair()
+if os.fork() == 0:
+    mine.close()
+    n = 0
+    while True:
+        theirs.sendall(b"%d\\n" % n)
+        n = int(theirs.recv(64)) + 1
+        time.sleep(0.02)
+theirs.close()
+while True:
+    n = int(mine.recv(64))
+    udp.sendto(b"%d" % n, ("127.0.0.1", {port}))
+    got = int(udp.recv(64))
+    print(got, "udp", "unix", flush=True)
+    mine.sendall(b"%d" % got)
+"""
