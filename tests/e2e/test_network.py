@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import PY, Cluster, wait_until
+from tests.conftest import PY, Cluster, reference_output, wait_until
+from tests.e2e.test_control import train
 from tests.e2e.test_errors import one_line_error
 from tests.programs import tcp_pair
 
@@ -83,3 +84,17 @@ def test_an_isolated_job_cannot_reach_the_nodes_services(cluster: Cluster) -> No
     assert cluster.ferry("wait", "net-probe", "--timeout", "60").returncode == 0
     out = cluster.logs("net-probe").splitlines()
     assert out == [f"{nats} ConnectionRefusedError", f"{cluster.addr} ConnectionRefusedError"], out
+
+
+def test_the_shared_training_workload_checkpoints_and_moves_live_in_an_isolated_network(cluster: Cluster) -> None:
+    """train.py (PyTorch) in its own network namespace: a checkpoint and a live move, and its
+    output is that of the same run without Ferry."""
+    argv = train(400)
+    want = reference_output(argv)
+    cluster.json("run", "--name", "net-train", "--network", "isolated", "--node", "node-1", "--", *argv)
+    cluster.wait_lines("net-train", 20)
+    cluster.json("checkpoint", "net-train")
+    cluster.json("migrate", "net-train", "--to", "node-2", "--live")
+    assert cluster.json("status", "net-train")["node"] == "node-2"
+    assert cluster.ferry("wait", "net-train", "--timeout", "300").returncode == 0
+    assert cluster.logs("net-train") == want
