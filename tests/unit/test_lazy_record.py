@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ferry.criu.jobdir import JobDir, ShimInfo
@@ -152,3 +153,17 @@ def test_no_record_or_a_garbled_one_is_no_orphan(tmp_path: Path) -> None:
     assert OrphanTarget.find(jd) is None
     (jd.path / RECORD_FILE).write_text("{not json")
     assert OrphanTarget.find(jd) is None
+
+
+def test_a_process_that_ended_but_was_not_reaped_counts_as_ended() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_start_time(child.pid) is not None
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process_start_time(child.pid) is None  # a zombie: its parent (this test) has not reaped it yet
+    finally:
+        child.kill()
+        child.wait()

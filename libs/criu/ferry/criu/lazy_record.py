@@ -50,8 +50,13 @@ class LiveTargetRecord(BaseModel):
 
 
 def process_start_time(pid: int) -> float | None:
+    """When `pid` started, or None once it has ended: a zombie (ended, its parent not yet told)
+    counts as ended, or a daemon just killed would still look alive to its own parent."""
     try:
-        return float(psutil.Process(pid).create_time())
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return float(process.create_time())
     except (psutil.Error, OSError):
         return None
 
