@@ -13,7 +13,7 @@ import pytest
 
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
-from ferry.criu.runner import CriuRunner, kill_tree, network_args
+from ferry.criu.runner import CriuRunner, job_criu_args, kill_tree
 from ferry.criu.sockets import read_sockets
 from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild
@@ -38,7 +38,7 @@ async def test_a_connection_inside_an_isolated_job_survives_a_dump_and_restore(t
         mine.bind(("127.0.0.1", PORT))
 
     dumped = await criu_ok.dump(info.pid, tmp_path / "images", leave_running=False,
-                                record_sizes=[src.stdout, src.stderr], extra_args=network_args("isolated"))
+                                record_sizes=[src.stdout, src.stderr], extra_args=job_criu_args("isolated"))
     await wait_exit(src)
     carried = sorted(str(k) for k in read_sockets(tmp_path / "images"))
     assert f"tcp 127.0.0.1:{PORT} listen" in carried, carried
@@ -47,7 +47,7 @@ async def test_a_connection_inside_an_isolated_job_survives_a_dump_and_restore(t
     before = counts(src)
     dst = JobDir(tmp_path / "b")
     restored = await restore(dst, tmp_path / "images", inherit=rebuild(src, dst, dumped), incarnation=2,
-                             criu_args=network_args("isolated"))
+                             criu_args=job_criu_args("isolated"))
     pids.append(restored.pid)
     await wait_for("answers after the restore", lambda: len(counts(dst)) >= len(before) + 5)
     got = counts(dst)
@@ -63,13 +63,13 @@ async def test_udp_and_unix_sockets_of_an_isolated_job_survive_a_dump_and_restor
     pids.append(info.pid)
     await wait_for("the first answers", lambda: len(lines_in(src.stdout)) >= 5)
     dumped = await criu_ok.dump(info.pid, tmp_path / "images", leave_running=False,
-                                record_sizes=[src.stdout, src.stderr], extra_args=network_args("isolated"))
+                                record_sizes=[src.stdout, src.stderr], extra_args=job_criu_args("isolated"))
     await wait_exit(src)
     assert f"udp 127.0.0.1:{PORT} close" in [str(k) for k in read_sockets(tmp_path / "images")]
     before = len(lines_in(src.stdout))
     dst = JobDir(tmp_path / "b")
     restored = await restore(dst, tmp_path / "images", inherit=rebuild(src, dst, dumped), incarnation=2,
-                             criu_args=network_args("isolated"))
+                             criu_args=job_criu_args("isolated"))
     pids.append(restored.pid)
     await wait_for("answers after the restore", lambda: len(lines_in(dst.stdout)) >= before + 5)
     got = [int(line.split()[0]) for line in lines_in(dst.stdout)]

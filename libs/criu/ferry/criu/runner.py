@@ -34,22 +34,13 @@ that no tmpfs is copied into the images and the restore binds the same paths of 
 RESTORE_MOUNTS = ("--root", "/", "--external", "mnt[]")
 """The restored mount namespace is built over this host's root, binding each external mount from
 the same path here (a node that lacks one cannot restore the job)."""
-OWN_NETWORK_ARGS = ("--tcp-established", "--network-lock", "nftables")
-"""CRIU's options for every dump and restore of a job with a network namespace of its own
-(``--network isolated``): the namespace travels with the job, so its TCP connections (both ends
-in the tree) are dumped and restored as they are, and the namespace is locked meanwhile with
-nftables (CRIU links libnftables; its default, iptables, needs a binary Debian no longer has)."""
-
-
-def network_args(network: str) -> tuple[str, ...]:
-    """CRIU's options for a job whose network is `network` ("host" or "isolated")."""
-    return OWN_NETWORK_ARGS if network == "isolated" else ()
-
-
 def job_criu_args(network: str, requested: Sequence[str] = ()) -> tuple[str, ...]:
     """CRIU's options for each dump and restore of an operation on a job (every pre-copy round of
     a live move included): the operation's own (``--tcp-established`` where the user keeps the
-    connections of a host-network job) plus its network's; with TCP connections, the nftables lock."""
+    connections of a host-network job) plus its network's: a job with a network namespace of its
+    own (``--network isolated``) takes it along, so its TCP connections (both ends in the tree) are
+    dumped and restored as they are. With TCP connections the namespace is locked with nftables
+    (CRIU links libnftables; its default, iptables, needs a binary Debian no longer has)."""
     args = list(requested)
     if network == "isolated" and "--tcp-established" not in args:
         args.append("--tcp-established")
