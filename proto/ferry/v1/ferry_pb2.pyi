@@ -343,6 +343,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     GPU_MEMORY_BYTES_FIELD_NUMBER: builtins.int
     GPU_SHARED_FIELD_NUMBER: builtins.int
     NETWORK_FIELD_NUMBER: builtins.int
+    HERE_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -365,6 +366,8 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """may share GPUs with other jobs that also allow it"""
     network: builtins.str
     """"isolated" (own network namespace, loopback only) or "host"; empty: host"""
+    here: builtins.bool
+    """run in the foreground of the caller on `node` (`ferry run --here`): the"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -388,8 +391,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         gpu_memory_bytes: builtins.int = ...,
         gpu_shared: builtins.bool = ...,
         network: builtins.str = ...,
+        here: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -488,19 +492,23 @@ class RestoreRequest(google.protobuf.message.Message):
     JOB_FIELD_NUMBER: builtins.int
     NODE_FIELD_NUMBER: builtins.int
     CHECKPOINT_FIELD_NUMBER: builtins.int
+    HERE_FIELD_NUMBER: builtins.int
     job: builtins.str
     node: builtins.str
     """empty: the scheduler picks"""
     checkpoint: builtins.str
     """empty: the newest committed checkpoint"""
+    here: builtins.bool
+    """restore in the foreground of the caller on `node` (`ferry restore --here`)"""
     def __init__(
         self,
         *,
         job: builtins.str = ...,
         node: builtins.str = ...,
         checkpoint: builtins.str = ...,
+        here: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["checkpoint", b"checkpoint", "job", b"job", "node", b"node"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["checkpoint", b"checkpoint", "here", b"here", "job", b"job", "node", b"node"]) -> None: ...
 
 global___RestoreRequest = RestoreRequest
 
@@ -679,6 +687,7 @@ class Job(google.protobuf.message.Message):
     GPU_UUIDS_FIELD_NUMBER: builtins.int
     TENANT_FIELD_NUMBER: builtins.int
     NETWORK_FIELD_NUMBER: builtins.int
+    HERE_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -708,6 +717,8 @@ class Job(google.protobuf.message.Message):
     """whose job it is (its submitter's token's tenant)"""
     network: builtins.str
     """isolated: its own network namespace; host: its sockets bind the node's addresses"""
+    here: builtins.bool
+    """runs in the foreground of a `ferry run|restore --here` on its node"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -748,8 +759,9 @@ class Job(google.protobuf.message.Message):
         gpu_uuids: collections.abc.Iterable[builtins.str] | None = ...,
         tenant: builtins.str = ...,
         network: builtins.str = ...,
+        here: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 

@@ -56,6 +56,19 @@ def parse_secrets(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def validate_here(args: argparse.Namespace) -> None:
+    """`--here` and its options (`run`, `restore`): --node defaults to FERRY_NODE_ID, this machine's node."""
+    if not args.here:
+        for flag, given in (("--cgroup", args.cgroup), ("--checkpoint-on-term", args.checkpoint_on_term)):
+            if given:
+                raise UsageError(f"{flag} works only with --here")
+        return
+    args.node = args.node or os.environ.get("FERRY_NODE_ID", "")
+    if not args.node:
+        raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE_ID)")
+    args.grace_s = parse_duration(args.grace_here)
+
+
 def validate_run(args: argparse.Namespace) -> None:
     """Checks `ferry run`'s arguments before anything is contacted or started: the same rules the
     API applies (ferry.common.jobspec), plus what only the caller's machine can tell (--cwd)."""
@@ -74,13 +87,17 @@ def validate_run(args: argparse.Namespace) -> None:
         "gpu_model": args.gpu_model or "",
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
-        "network": args.network,
+        "network": args.network, "here": args.here,
     })
     if not os.path.isdir(cwd):
         raise UsageError(f"--cwd {cwd}: no such directory")
 
 
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
+    if args.here:
+        from ferry.cli.here import run_here  # the foreground machinery loads only for --here
+
+        return run_here(client, args)
     job = client.call(client.stub.SubmitJob, pb.SubmitJobRequest(**args.request.model_dump()))
     if _json(args):
         print_json(job_dict(job))
@@ -145,6 +162,10 @@ def _moved(args: argparse.Namespace, final: pb.OpUpdate, verb: str) -> int:
 
 
 def cmd_restore(client: Client, args: argparse.Namespace) -> int:
+    if args.here:
+        from ferry.cli.here import restore_here
+
+        return restore_here(client, args)
     req = pb.RestoreRequest(job=args.job, node=args.node or "", checkpoint=args.checkpoint or "")
     return _moved(args, _follow_op(client, args, client.stub.Restore, req, f"restore {args.job}"), "restored")
 

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="isolated: a network namespace of the job's own, loopback only, checkpointed with the job "
                         "(its TCP connections included); host (the default): the node's network, whose ports a "
                         "restore may find taken")
+    add_here_arguments(p, "run here, in the foreground, as a child of this command (what a SLURM step or a "
+                          "container runtime calls): its output is this command's, it ends with the job's exit "
+                          "status; needs --node (or FERRY_NODE_ID) naming this machine's node")
     p.add_argument("--deadline", metavar="DURATION", help="SLA: finish within this long from now, e.g. 6h")
     p.add_argument("--max-downtime", metavar="DURATION", help="SLA: the longest stop the job tolerates, e.g. 30s")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
@@ -89,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--node", help="restore on this node (default: the scheduler picks)")
     p.add_argument("--checkpoint", help="checkpoint id (default: the newest committed one)")
+    add_here_arguments(p, "restore here, in the foreground, as a child of this command, in its cgroup; ends "
+                          "with the job's exit status; needs --node (or FERRY_NODE_ID) naming this machine's node")
 
     p = add("migrate", "move a running job to another node (checkpoint --stop, then restore there)")
     p.add_argument("job")
@@ -180,6 +185,17 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
 }
 
 
+def add_here_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--here", action="store_true", help=what)
+    p.add_argument("--cgroup", metavar="PATH", help="with --here: run the job in this cgroup (a folder with "
+                   "cgroup.procs) instead of this command's own")
+    p.add_argument("--checkpoint-on-term", action="store_true", help="with --here: on SIGTERM or SIGINT, checkpoint "
+                   "the job, then stop it (this command exits with 143, 128 + SIGTERM; `ferry restore JOB --here` "
+                   "continues it); without it the job gets SIGTERM, then SIGKILL after --grace")
+    p.add_argument("--grace", dest="grace_here", metavar="DURATION", default="10s",
+                   help="with --here: time between SIGTERM and SIGKILL when the job is stopped (default 10s)")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.output = getattr(args, "output", "text")  # not set_defaults: the actions are shared with subparsers
@@ -201,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.cmd == "keys":
             code = cmd_keys(args)
         else:
+            if args.cmd in ("run", "restore"):
+                commands.validate_here(args)
             if args.cmd == "run":
                 commands.validate_run(args)
             client = Client(args.addr or default_addr())

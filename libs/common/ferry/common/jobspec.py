@@ -37,7 +37,7 @@ FLAGS = {
     "checkpoint_every_s": "--checkpoint-every", "priority": "--priority", "cpus": "--cpus",
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
-    "network": "--network",
+    "network": "--network", "here": "--here",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -63,6 +63,7 @@ class JobRequest(BaseModel):
     gpu_memory_bytes: int = Field(0, ge=0, le=BYTES_MAX)
     gpu_shared: bool = False
     network: str = ""  # empty: host (see Network)
+    here: bool = False  # in the foreground of the caller, on `node`
 
     @field_validator("name")
     @classmethod
@@ -135,7 +136,7 @@ class JobRequest(BaseModel):
             deadline=now + self.deadline_s if self.deadline_s else None,
             max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
-            network=Network(self.network or Network.HOST))
+            network=Network(self.network or Network.HOST), here=self.here)
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:
@@ -144,6 +145,8 @@ def check_request(fields: dict[str, Any]) -> JobRequest:
         request = JobRequest.model_validate(fields)
     except ValidationError as exc:
         raise UsageError(_one_line(exc.errors()[0], fields)) from None
+    if request.here and not request.node:
+        raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
     if request.exec_bytes() > EXEC_MAX:
         raise UsageError(f"the command and --env together are {format_bytes(request.exec_bytes())}: "
                          f"at most {format_bytes(EXEC_MAX)}")

@@ -85,6 +85,9 @@ class Job(Record):
     kill_op: str | None = None  # the kill op waiting for the job to end
     tenant: str = DEFAULT_TENANT  # its API token's tenant; its checkpoints are sealed with that tenant's keys
     network: Network = Network.HOST
+    # runs in the foreground of a `ferry run|restore --here` on its node: that caller's supervisor
+    # (a SLURM step, a container runtime) owns its restarts, so Ferry never moves or restarts it
+    here: bool = False
 
     @property
     def terminal(self) -> bool:

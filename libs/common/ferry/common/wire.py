@@ -123,6 +123,7 @@ class JobSpec(Record):
     gpu_memory_bytes: int = 0
     gpu_shared: bool = False
     network: Network = Network.HOST
+    here: bool = False
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""
@@ -142,6 +143,7 @@ class SchedulerCommand(Record):
     grace_s: float = 5.0
     live: bool = False
     tcp_established: bool = False
+    here: bool = False  # restore: in the foreground of the caller on `node`
 
 
 NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore",

@@ -15,17 +15,20 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
 from ferry.criu.binary import find_criu, setup_hint
 from ferry.criu.errors import CriuError, CriuMissing, LaunchFailed, RestoreFailed
+from ferry.criu.handoff import FOREGROUND_FLAG, Handoff, offer
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.runner import RESTORE_LOG
 
 __all__ = ["launch", "restore"]
 
 DEFAULT_TIMEOUT_S = 120.0
+HERE_CGROUPS = "--manage-cgroups=ignore"
 
 
 class _StarterReply(BaseModel):
@@ -42,10 +45,12 @@ async def launch(
     incarnation: int,
     hide: Sequence[str | os.PathLike[str]] = (),
     network: str = "host",
+    here: bool = False,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
-    """Start ``argv`` as PID 1 of a new PID namespace under a detached shim.
+    """Start ``argv`` as PID 1 of a new PID namespace under a detached shim (``here``: under a
+    shim that the job's ``--here`` caller runs in its foreground, ``ferry.criu.handoff``).
 
     Each folder of ``hide`` that exists is out of the workload's sight (an empty tmpfs over it in
     the job's mount namespace). ``network`` "isolated" gives it a network namespace of its own
@@ -65,6 +70,8 @@ async def launch(
             cmd += ["--hide", os.fspath(path)]
         cmd += ["--network", network]
         cmd += ["--", *argv]
+        if here:
+            return await _hand_off(job_dir, cmd, "launch", incarnation, timeout_s, LaunchFailed, log_path=None)
         return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
     finally:
         env_file.unlink(missing_ok=True)
@@ -78,10 +85,12 @@ async def restore(
     incarnation: int,
     criu_bin: str = "criu",
     criu_args: Sequence[str] = (),
+    here: bool = False,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
-    """Restore the images under a detached shim (``criu_args``: more options for ``criu restore``).
+    """Restore the images under a detached shim (``criu_args``: more options for ``criu restore``;
+    ``here``: under the job's ``--here`` caller, as for ``launch``).
 
     ``inherit`` maps a file in the job directory (e.g. "stdout", rebuilt by the caller at the
     size recorded by the dump) to the absolute path the dumped process had open. Raises
@@ -95,8 +104,37 @@ async def restore(
     cmd += ["--incarnation", str(incarnation), "--images", str(images_dir), "--criu", criu]
     for local, original in inherit.items():
         cmd += ["--inherit", f"{local}={original}"]
+    if here:  # CRIU would put the tree back into the cgroups it was dumped in: it stays in the caller's
+        criu_args = [*criu_args, HERE_CGROUPS]
     cmd += [f"--criu-arg={arg}" for arg in criu_args]
-    return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=str(images_dir / RESTORE_LOG))
+    log_path = str(images_dir / RESTORE_LOG)
+    if here:
+        return await _hand_off(job_dir, cmd, "restore", incarnation, timeout_s, RestoreFailed, log_path=log_path)
+    return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=log_path)
+
+
+async def _hand_off(
+    job_dir: JobDir,
+    cmd: list[str],
+    mode: Literal["launch", "restore"],
+    incarnation: int,
+    timeout_s: float,
+    error: type[CriuError],
+    *,
+    log_path: str | None,
+) -> ShimInfo:
+    """Offers the shim's command to the job's ``--here`` caller; returns once its workload runs."""
+    argv = [*cmd[:4], FOREGROUND_FLAG, *cmd[4:]]  # python -m ferry.criu.shim MODE --foreground ...
+    reply = await offer(job_dir, Handoff(incarnation=incarnation, mode=mode, argv=argv), timeout_s)
+    if reply is None:
+        raise error(f"the `--here` command did not take the job's {mode} within {timeout_s:.0f} s "
+                    f"(it must run on this node: is it still waiting?)")
+    if not reply.ok:
+        raise error(reply.error, log_excerpt=reply.detail, log_path=log_path)
+    info = job_dir.read_shim()
+    if info is None or info.pid != reply.pid or info.incarnation != incarnation:
+        raise error(f"the shim reported pid {reply.pid} but {job_dir.shim_file} says {info}")
+    return info
 
 
 def _absolute(path: Path) -> Path:

@@ -44,6 +44,7 @@ from typing import Any, Literal, NoReturn
 from ferry.common.errors import UsageError
 from ferry.criu.binary import find_criu
 from ferry.criu.external import is_external_key
+from ferry.criu.handoff import HandoffReply, write_reply
 from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
 from ferry.criu.linux import (
     CLONE_NEWPID,
@@ -175,7 +176,7 @@ def detach(job_dir: JobDir, monitor: Callable[[Report], int]) -> int:
         try:
             os.close(r)
             os.setsid()
-            code = _monitor_main(job_dir, w, monitor) if os.fork() == 0 else 0
+            code = _monitor_main(job_dir, lambda msg: _write_and_close(w, msg), monitor) if os.fork() == 0 else 0
         finally:
             os._exit(code)
     os.close(w)
@@ -199,7 +200,43 @@ def detach(job_dir: JobDir, monitor: Callable[[Report], int]) -> int:
     return 1
 
 
-def _monitor_main(job_dir: JobDir, w: int, monitor: Callable[[Report], int]) -> int:
+def _write_and_close(w: int, msg: dict[str, Any]) -> None:
+    try:
+        os.write(w, json.dumps(msg).encode())
+    finally:
+        os.close(w)
+
+
+def foreground(job_dir: JobDir, incarnation: int, monitor: Callable[[Report], int]) -> int:
+    """Run ``monitor`` in this process (``--foreground``, for a ``--here`` caller that runs the
+    shim as its child, ``ferry.criu.handoff``): its report goes to the job directory, where the
+    node service waits for it, and this process ends with the workload's exit status."""
+    job_dir.create()
+    job_dir.clear_run_state()
+    os.setpgid(0, 0)  # its own group: a cancelled restore kills the monitor's group, never the caller
+    sys.stdout.flush()
+    sys.stderr.flush()
+    error = os.dup(2)  # the caller still hears why a start failed
+
+    def deliver(msg: dict[str, Any]) -> None:
+        write_reply(job_dir, HandoffReply(incarnation=incarnation, **msg))
+        if not msg.get("ok"):
+            os.write(error, f"ferry-shim: {msg.get('error', 'failed')}\n".encode())
+
+    # The caller decides what a SIGTERM means. A handler, not SIG_IGN, which CRIU would inherit:
+    # its cgroup helper then never ends, and the restore hangs.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    if _monitor_main(job_dir, deliver, monitor) != 0:
+        return 1
+    ended = job_dir.read_exit()
+    if ended is None or ended.incarnation != incarnation:
+        return 1
+    if ended.signal is not None:
+        return 128 + ended.signal
+    return ended.code if ended.code is not None else 1
+
+
+def _monitor_main(job_dir: JobDir, deliver: Callable[[dict[str, Any]], None], monitor: Callable[[Report], int]) -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     logfd = os.open(job_dir.shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(devnull, 0)
@@ -224,10 +261,7 @@ def _monitor_main(job_dir: JobDir, w: int, monitor: Callable[[Report], int]) -> 
         if reported:
             return
         reported = True
-        try:
-            os.write(w, json.dumps(msg).encode())
-        finally:
-            os.close(w)
+        deliver(msg)
 
     try:
         set_child_subreaper()
@@ -405,6 +439,9 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(mode)
         p.add_argument("--job-dir", required=True)
         p.add_argument("--incarnation", type=int, required=True)
+        p.add_argument("--foreground", action="store_true",
+                       help="monitor in this process, report in the job directory, exit with the workload's status "
+                            "(what a `--here` caller runs)")
         if mode == "launch":
             p.add_argument("--cwd")
             p.add_argument("--env-json")
@@ -431,13 +468,22 @@ def main(args: Sequence[str] | None = None) -> int:
     try:
         if ns.mode == "launch":
             lplan = plan_launch(ns, command)
-            return detach(lplan.job_dir, lambda report: monitor_launch(lplan, report))
-        if command:
-            raise Refused("restore takes no command")
-        rplan = plan_restore(ns)
-        return detach(rplan.job_dir, lambda report: monitor_restore(rplan, report))
+            monitor: Callable[[Report], int] = lambda report: monitor_launch(lplan, report)  # noqa: E731
+            job_dir = lplan.job_dir
+        else:
+            if command:
+                raise Refused("restore takes no command")
+            rplan = plan_restore(ns)
+            monitor = lambda report: monitor_restore(rplan, report)  # noqa: E731
+            job_dir = rplan.job_dir
+        if ns.foreground:
+            return foreground(job_dir, ns.incarnation, monitor)
+        return detach(job_dir, monitor)
     except (Refused, OSError) as exc:
         print(f"ferry-shim: {exc}", file=sys.stderr)
+        if ns.foreground:  # the node service waits for an answer
+            with contextlib.suppress(OSError):
+                write_reply(JobDir(ns.job_dir), HandoffReply(incarnation=ns.incarnation, ok=False, error=str(exc)))
         return 1
 
 

@@ -298,8 +298,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                 if not found:
                     raise NotFoundError(f"job {job.name} has no checkpoint {request.checkpoint!r}: "
                                         f"`ferry checkpoints {job.name}` lists them")
+            if request.here and not request.node:
+                raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
             return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, job=job.id,
-                                         node=request.node or None, checkpoint=request.checkpoint or None)
+                                         node=request.node or None, checkpoint=request.checkpoint or None,
+                                         here=request.here)
 
         async for update in self._stream_op("Restore", context, build):
             yield update

@@ -133,7 +133,8 @@ class Scheduler(Service):
         elif cmd.kind == OpKind.RESTORE:
             if isinstance(op.args, Plain):
                 op.args = RestoreArgs()
-            await self.restore(job, op, node_id=cmd.node, checkpoint_id=cmd.checkpoint, resumed=resumed)
+            await self.restore(job, op, node_id=cmd.node, checkpoint_id=cmd.checkpoint, resumed=resumed,
+                               here=cmd.here)
         elif cmd.kind == OpKind.MIGRATE:
             if isinstance(op.args, Plain):
                 op.args = ColdMove(criu_args=["--tcp-established"] if cmd.tcp_established else [])
@@ -209,7 +210,7 @@ class Scheduler(Service):
         await self.effects.apply(checkpoint.begin(job, op, stop=stop))
 
     async def restore(self, job: Job, op: Op, *, node_id: str | None, checkpoint_id: str | None,
-                      resumed: bool = False) -> None:
+                      resumed: bool = False, here: bool = False) -> None:
         if resumed:
             await self.send_restore(job, op)
             return
@@ -225,7 +226,7 @@ class Scheduler(Service):
         await self.state.checkpoint(job, ckpt_id)
         target = await self._target(job, node_id)
         await self.effects.apply(restore.begin(job, op, target=target, checkpoint=ckpt_id,
-                                               pinned=checkpoint_id is not None))
+                                               pinned=checkpoint_id is not None, here=here))
 
     async def send_restore(self, job: Job, op: Op) -> None:
         await self.effects.apply(restore.resend(job, op))
@@ -250,6 +251,10 @@ class Scheduler(Service):
                                 f"(use `ferry restore` for a stopped one)")
         if not to:
             raise UsageError("say where to: `ferry migrate JOB --to NODE`")
+        if job.here:
+            raise ConflictError(f"job {job.name} runs in the foreground of a `--here` command on {job.node}, whose "
+                                f"supervisor owns it: `ferry checkpoint {job.name} --stop`, then `ferry restore "
+                                f"{job.name} --node NODE` moves it")
         target = await self._target(job, to)
         if target == job.node:
             raise ConflictError(f"job {job.name} runs on {target} already")

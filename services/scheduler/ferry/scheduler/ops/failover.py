@@ -6,7 +6,9 @@
       the placement's node, as in ``restore``);
     - with a checkpoint but no room: the job is parked (``capacity``) until there is;
     - without a checkpoint: the job is pending again and starts from scratch wherever it fits
-      (the shell places it).
+      (the shell places it);
+    - a job run with ``--here`` stays put: the supervisor that ran it restores it (parked for the
+      user) or starts it again (failed, without a checkpoint), so that it never runs twice.
 """
 
 from ferry.common.models import Job, JobState, Op, OpKind, OpState
@@ -29,6 +31,16 @@ def on_lost(job: Job, in_flight: Op | None, lost_node: str, placement: Placement
     job.op, job.moving_to = None, None
     job.incarnation += 1  # fences the copy on the lost node, should it come back
     lost = why or f"node {lost_node} was lost"
+    if job.here:  # the supervisor of its `--here` command starts it again, not Ferry (or it would run twice)
+        if job.last_checkpoint:
+            job.state, job.parked_by = JobState.PREEMPTED, "user"
+            job.reason = (f"{lost} while it ran in the foreground of a `--here` command: "
+                          f"`ferry restore {job.name} --here` continues it from {job.last_checkpoint}")
+        else:
+            job.state, job.error = JobState.FAILED, f"{lost} while it ran in the foreground of a `--here` command"
+            job.reason = "no checkpoint: its supervisor starts it again"
+        s.save_job("failover", job.reason)
+        return s
     if not job.last_checkpoint:
         job.state, job.node, job.restarts = JobState.PENDING, None, job.restarts + 1
         job.reason = f"{lost}; no checkpoint: starting again from scratch"

@@ -29,12 +29,13 @@ def resend(job: Job, op: Op) -> Step:
     return s
 
 
-def begin(job: Job, op: Op, *, target: str, checkpoint: str, pinned: bool) -> Step:
+def begin(job: Job, op: Op, *, target: str, checkpoint: str, pinned: bool, here: bool = False) -> Step:
     """The user's restore of a stopped job (already checked: the checkpoint is committed and the
-    target can take the job)."""
+    target can take the job). `here`: in the foreground of the caller on `target`
+    (``ferry restore --here``), which then owns the job's restarts."""
     s = Step.of(job, op)
     job, op = s.job, s.op
-    job.state, job.op, job.node = JobState.RESTORING, op.id, target
+    job.state, job.op, job.node, job.here = JobState.RESTORING, op.id, target, here
     job.incarnation += 1
     job.kill_requested = False
     job.exit_code = None

@@ -1,0 +1,266 @@
+"""`ferry run --here` and `ferry restore --here`: the job runs as a child of this command.
+
+What a SLURM step or a container runtime needs: the workload starts (or comes back from its
+checkpoint) as a descendant of the calling process, in its cgroup (or ``--cgroup PATH``), its
+output appears on this command's stdout and stderr, and the command ends with the job's exit
+status. Ferry still supervises it as any other job: it checkpoints it, reports its exit, fences it.
+
+The node's service hands the job's shim to this command (``ferry.criu.handoff``), which runs it
+as its child; so this command must run on the job's node, as the user the node services run as.
+
+Signals: SIGTERM or SIGINT stop the job. With ``--checkpoint-on-term`` the job is checkpointed
+first (``ferry checkpoint --stop``), so that ``ferry restore JOB --here`` continues it; otherwise
+it gets SIGTERM, then SIGKILL after the grace period. A job stopped by a checkpoint ends this
+command with STOPPED_EXIT (128 + SIGTERM: a supervisor sees a terminated step, not a success).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from ferry.cli.client import Client
+from ferry.cli.output import job_dict, print_json
+from ferry.common.errors import FerryError, UsageError, from_kind
+from ferry.criu.handoff import POLL_S, Handoff, read_offer
+from ferry.criu.jobdir import JobDir
+from ferry.criu.runner import kill_tree
+from ferry.v1 import ferry_pb2 as pb
+
+__all__ = ["STOPPED_EXIT", "Foreground", "job_dir_on_this_machine", "join_cgroup", "restore_here", "run_here"]
+
+STOPPED_EXIT = 128 + signal.SIGTERM
+TAKE_TIMEOUT_S = 120.0
+FOLLOW_S = 0.1
+
+
+def join_cgroup(path: str) -> None:
+    """Moves this process (and so the job it starts) into the cgroup at `path`."""
+    procs = Path(path) / "cgroup.procs"
+    if not procs.is_file():
+        raise UsageError(f"--cgroup {path}: not a cgroup (it has no cgroup.procs)")
+    try:
+        procs.write_text(f"{os.getpid()}\n")
+    except OSError as exc:
+        raise UsageError(f"--cgroup {path}: cannot join it: {exc.strerror or exc}") from exc
+
+
+class _Follower(threading.Thread):
+    """Copies what the job appends to one of its output files onto one of ours."""
+
+    def __init__(self, path: Path, out: BinaryIO, offset: int) -> None:
+        super().__init__(daemon=True)
+        self.path, self.out, self.offset = path, out, offset
+        self.done = threading.Event()
+
+    def copy(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                while chunk := f.read(1 << 16):
+                    self.out.write(chunk)
+                    self.offset += len(chunk)
+            self.out.flush()
+        except (FileNotFoundError, BrokenPipeError):
+            pass
+
+    def run(self) -> None:
+        while not self.done.wait(FOLLOW_S):
+            self.copy()
+        self.copy()
+
+
+@dataclass
+class Foreground:
+    """Takes the job's start from its node and runs it as this process's child.
+
+    `stop`: called (in a thread) on SIGTERM or SIGINT when the job is to be checkpointed before it
+    stops; without it the signal ends the job after `grace_s`."""
+
+    job_dir: JobDir
+    newer_than: int  # the job's incarnation before this command's request
+    stop: Callable[[], None] | None = None
+    grace_s: float = 10.0
+    child: subprocess.Popen[bytes] | None = None
+    stopping: bool = False
+    _followers: list[_Follower] = field(default_factory=list)
+
+    def take(self, abandon: threading.Event) -> Handoff | None:
+        """The node's offer; None when `abandon` is set first (the request failed) or none came."""
+        deadline = time.monotonic() + TAKE_TIMEOUT_S
+        while time.monotonic() < deadline and not abandon.is_set():
+            offered = read_offer(self.job_dir)
+            if offered is not None and offered.incarnation > self.newer_than:
+                return offered
+            abandon.wait(POLL_S)
+        return None
+
+    def run(self, offered: Handoff) -> int:
+        """Runs the offered shim; returns the exit status this command should end with."""
+        starts = {"stdout": 0, "stderr": 0}
+        if offered.mode == "restore":  # the output before the checkpoint was printed by an earlier run
+            starts = {name: _size(self.job_dir.path / name) for name in starts}
+        self._followers = [_Follower(self.job_dir.stdout, sys.stdout.buffer, starts["stdout"]),
+                           _Follower(self.job_dir.stderr, sys.stderr.buffer, starts["stderr"])]
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.child = subprocess.Popen(offered.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            for follower in self._followers:
+                follower.start()
+            code = self.child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for follower in self._followers:
+                follower.done.set()
+            for follower in self._followers:
+                if follower.is_alive():
+                    follower.join()
+        if (self.job_dir.path / f"stop-{offered.incarnation}").exists():
+            return STOPPED_EXIT  # a checkpoint stopped it: `ferry restore --here` continues it
+        return code
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        print(f"ferry: {signal.Signals(signum).name}: " + ("checkpointing the job, then stopping it"
+              if self.stop else f"stopping the job (SIGKILL after {self.grace_s:.0f} s)"), file=sys.stderr)
+        threading.Thread(target=self._stop_job, daemon=True).start()
+
+    def _stop_job(self) -> None:
+        if self.stop is not None:
+            try:
+                self.stop()
+                return
+            except FerryError as exc:
+                print(f"ferry: the checkpoint failed ({exc}): stopping the job without one", file=sys.stderr)
+        shim = self.job_dir.read_shim()
+        if shim is not None:
+            asyncio.run(kill_tree(shim.pid, self.grace_s))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def job_dir_on_this_machine(address: str, job_id: str) -> JobDir:
+    """The job's directory on this node, from the node's record (`address`: its work dir)."""
+    if not address or not Path(address).is_dir():
+        raise UsageError(f"--here: the node's folder {address or '(none)'} is not on this machine: run the command "
+                         f"on the job's node")
+    return JobDir(Path(address) / "jobs" / job_id)
+
+
+# -- the commands --------------------------------------------------------------------------------
+
+
+def _prepare(client: Client, args: argparse.Namespace) -> str:
+    """Checks that this machine is the job's node and joins --cgroup; returns the node's folder."""
+    node = args.node
+    found = next((n for n in client.call(client.stub.ListNodes, pb.ListNodesRequest()).nodes if n.id == node), None)
+    if found is None:
+        raise UsageError(f"--here: no node {node!r} has joined the cluster: `ferry nodes` lists them")
+    if not found.address or not Path(found.address).is_dir():
+        raise UsageError(f"--here: the folder of node {node} ({found.address or 'unknown'}) is not on this machine: "
+                         f"run the command on that node")
+    if args.cgroup:
+        join_cgroup(args.cgroup)
+    return str(found.address)
+
+
+def _stopper(client: Client, job: str) -> Callable[[], None]:
+    def stop() -> None:
+        for update in client.stream(client.stub.Checkpoint, pb.CheckpointRequest(job=job, stop=True)):
+            if update.done:
+                if update.error:
+                    raise FerryError(update.error)
+                print(f"ferry: checkpointed as {update.checkpoint.id}; `ferry restore {job} --here` continues it",
+                      file=sys.stderr)
+                return
+
+    return stop
+
+
+def _finish(client: Client, args: argparse.Namespace, fg: Foreground, offered: Handoff | None, job_id: str,
+            why: Callable[[], FerryError]) -> int:
+    if offered is None:
+        raise why()
+    code = fg.run(offered)
+    if args.output == "json":
+        job = client.call(client.stub.GetJob, pb.JobRef(job=job_id))
+        print_json({**job_dict(job), "exit_status": code, "stopped_by_checkpoint": code == STOPPED_EXIT})
+    return code
+
+
+def run_here(client: Client, args: argparse.Namespace) -> int:
+    """`ferry run --here`: submits the job for this node and runs it in the foreground."""
+    address = _prepare(client, args)
+    job = client.call(client.stub.SubmitJob, pb.SubmitJobRequest(**args.request.model_dump()))
+    fg = Foreground(job_dir_on_this_machine(address, job.id), newer_than=-1,
+                    stop=_stopper(client, job.id) if args.checkpoint_on_term else None, grace_s=args.grace_s)
+    ended = threading.Event()  # the job ended before its node offered the start (it could not launch)
+    last: dict[str, pb.Job] = {}
+
+    def watch() -> None:
+        try:
+            last["job"] = client.call(client.stub.WaitJob, pb.WaitJobRequest(job=job.id, timeout_s=TAKE_TIMEOUT_S),
+                                      timeout=TAKE_TIMEOUT_S + 30)
+        except FerryError:
+            pass
+        ended.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    offered = fg.take(ended)
+
+    def why() -> FerryError:
+        seen = last.get("job") or client.call(client.stub.GetJob, pb.JobRef(job=job.id))
+        if seen.state in ("pending", "starting"):
+            client.call(client.stub.KillJob, pb.KillJobRequest(job=job.id, grace_s=0))
+            return FerryError(f"{seen.name} never started on {args.node} ({seen.reason or seen.state}); it was killed")
+        return FerryError(f"{seen.name} {seen.state} before it started here: "
+                          f"{seen.error or seen.reason or 'see `ferry status`'}")
+
+    return _finish(client, args, fg, offered, job.id, why)
+
+
+def restore_here(client: Client, args: argparse.Namespace) -> int:
+    """`ferry restore JOB --here`: restores the job on this node, in the foreground."""
+    address = _prepare(client, args)
+    job = client.call(client.stub.GetJob, pb.JobRef(job=args.job))
+    fg = Foreground(job_dir_on_this_machine(address, job.id), newer_than=job.incarnation,
+                    stop=_stopper(client, job.id) if args.checkpoint_on_term else None, grace_s=args.grace_s)
+    failed = threading.Event()
+    outcome: dict[str, FerryError] = {}
+
+    def follow() -> None:
+        req = pb.RestoreRequest(job=job.id, node=args.node, checkpoint=args.checkpoint or "", here=True)
+        try:
+            for update in client.stream(client.stub.Restore, req):
+                if update.done:
+                    if update.error:
+                        outcome["error"] = (from_kind(update.error_kind, update.error) if update.error_kind
+                                            else FerryError(update.error))
+                        failed.set()
+                    return
+        except FerryError as exc:
+            outcome["error"] = exc
+            failed.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    offered = fg.take(failed)
+    return _finish(client, args, fg, offered, job.id, lambda: outcome.get("error") or FerryError(
+        f"{job.name}: the node offered no restore within {TAKE_TIMEOUT_S:.0f} s: `ferry status` says why"))
