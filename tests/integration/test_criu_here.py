@@ -33,6 +33,12 @@ async def caller(cgroup: Path, offered: Handoff) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(sys.executable, "-c", CALLER, str(cgroup), *offered.argv)
 
 
+async def offer_for(jd: JobDir, newer_than: int) -> Handoff | None:
+    found = await take(jd.path.parent, "j", newer_than=newer_than, timeout_s=10)
+    assert found is None or found[0].path == jd.path
+    return found[1] if found else None
+
+
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
@@ -41,8 +47,8 @@ async def test_a_here_start_runs_in_the_callers_cgroup_and_ends_with_the_jobs_st
                                                                                      pids: list[int]) -> None:
     jd = JobDir(tmp_path / "job")
     starting = asyncio.create_task(launch(jd, ["sh", "-c", "echo started; sleep 1; exit 7"], cwd=tmp_path, env=ENV,
-                                          incarnation=3, here=True))
-    offered = await take(jd, newer_than=2, timeout_s=10)
+                                          incarnation=3, here="j"))
+    offered = await offer_for(jd, 2)
     assert offered is not None and offered.incarnation == 3 and offered.mode == "launch"
     with scratch_cgroup() as cg:
         proc = await caller(cg, offered)
@@ -59,15 +65,15 @@ async def test_a_here_start_runs_in_the_callers_cgroup_and_ends_with_the_jobs_st
 async def test_an_offer_nobody_takes_fails_the_start_and_is_withdrawn(tmp_path: Path) -> None:
     jd = JobDir(tmp_path / "job")
     with pytest.raises(LaunchFailed, match="did not take"):
-        await launch(jd, ["true"], cwd=tmp_path, env=ENV, incarnation=1, here=True, timeout_s=0.5)
+        await launch(jd, ["true"], cwd=tmp_path, env=ENV, incarnation=1, here="j", timeout_s=0.5)
     assert not (jd.path / "handoff.json").exists()
 
 
 async def test_a_here_start_that_cannot_exec_fails_on_both_sides(tmp_path: Path) -> None:
     jd = JobDir(tmp_path / "job")
     starting = asyncio.create_task(launch(jd, ["sh"], cwd=tmp_path, env={"PATH": "/nonexistent"}, incarnation=1,
-                                          here=True))
-    offered = await take(jd, newer_than=0, timeout_s=10)
+                                          here="j"))
+    offered = await offer_for(jd, 0)
     assert offered is not None
     with scratch_cgroup() as cg:
         proc = await caller(cg, offered)
@@ -81,8 +87,8 @@ async def test_a_here_restore_continues_the_job_in_the_new_callers_cgroup(tmp_pa
     src = JobDir(tmp_path / "a")
     with scratch_cgroup() as first, scratch_cgroup() as second:
         starting = asyncio.create_task(launch(src, ["sh", "-c", COUNTER], cwd=tmp_path, env=ENV, incarnation=1,
-                                              here=True))
-        offered = await take(src, newer_than=0, timeout_s=10)
+                                              here="j"))
+        offered = await offer_for(src, 0)
         assert offered is not None
         proc = await caller(first, offered)
         info = await starting
@@ -95,8 +101,8 @@ async def test_a_here_restore_continues_the_job_in_the_new_callers_cgroup(tmp_pa
 
         dst = JobDir(tmp_path / "b")
         restoring = asyncio.create_task(restore(dst, tmp_path / "images", inherit=rebuild(src, dst, dumped),
-                                                incarnation=2, here=True))
-        offered = await take(dst, newer_than=1, timeout_s=10)
+                                                incarnation=2, here="j"))
+        offered = await offer_for(dst, 1)
         assert offered is not None and offered.mode == "restore"
         proc = await caller(second, offered)
         restored = await restoring

@@ -100,6 +100,12 @@ def test_a_network_is_isolated_or_host() -> None:
     assert refused(network="lan").startswith("bad --network 'lan': unknown network 'lan'")
 
 
+def test_a_here_job_names_its_node() -> None:
+    assert check_request({"argv": ["true"], "here": True, "node": "n1"}).to_spec("n", now=0, env=SealedEnv()).here
+    with pytest.raises(UsageError, match="--here: say which node this is"):
+        check_request({"argv": ["true"], "here": True})
+
+
 def test_every_dump_and_restore_of_an_isolated_job_keeps_its_connections() -> None:
     assert job_criu_args("host") == ()
     assert job_criu_args("isolated") == ("--tcp-established", "--network-lock", "nftables")

@@ -1,11 +1,11 @@
 """Failover's pure transition (ferry.scheduler.ops.failover) and the choice of whom to park to
 make room (ferry.policy.preemption), without a bus."""
 
-from ferry.common.models import Job, JobState, Op, OpKind, OpState
-from ferry.common.opargs import ColdMove, RestoreArgs
+from ferry.common.models import Job, JobState, Node, NodeState, Op, OpKind, OpState
+from ferry.common.opargs import CheckpointArgs, ColdMove, RestoreArgs
 from ferry.policy.decisions import JobView, NodeView
 from ferry.policy.preemption import victims
-from ferry.scheduler.ops import failover
+from ferry.scheduler.ops import evacuate, failover
 from ferry.scheduler.ops.step import Placement, SaveJob, SaveOp
 
 NOW = 10_000.0
@@ -70,10 +70,6 @@ def test_the_fewest_lowest_priority_jobs_are_parked_on_the_first_node_where_that
 
 
 def test_an_evacuation_moves_the_job_where_it_fits_or_parks_it() -> None:
-    from ferry.common.models import Node, NodeState
-    from ferry.common.opargs import CheckpointArgs
-    from ferry.scheduler.ops import evacuate
-
     draining = Node(id="a", state=NodeState.DRAINING)
     op, event = evacuate.plan(job(), draining, Placement("b"), "op-e")
     assert op.kind == OpKind.MIGRATE and isinstance(op.args, ColdMove)
@@ -82,3 +78,23 @@ def test_an_evacuation_moves_the_job_where_it_fits_or_parks_it() -> None:
     op, event = evacuate.plan(job(), draining, Placement(None, "no node has 2 CPUs free"), "op-e")
     assert op.kind == OpKind.CHECKPOINT and isinstance(op.args, CheckpointArgs) and op.args.parked_by == "capacity"
     assert "no node has 2 CPUs free" in (op.args.reason or "") and "parking" in event.message
+
+
+def test_a_here_job_is_never_restarted_by_ferry_after_its_node_is_lost() -> None:
+    """Its `--here` command's supervisor (a SLURM step, a container runtime) starts it again: a
+    restore or a fresh start by Ferry would make it run twice."""
+    s = failover.on_lost(job(here=True), None, "a", Placement("b"), restore_op="op-r", now=NOW)
+    assert (s.job.state, s.job.parked_by, s.job.incarnation) == (JobState.PREEMPTED, "user", 4)
+    assert "ferry restore t1 --here" in (s.job.reason or "") and not s.commands()
+    fresh = failover.on_lost(job(here=True, last_checkpoint=None), None, "a", Placement("b"), restore_op="op-r",
+                             now=NOW)
+    assert (fresh.job.state, fresh.job.restarts) == (JobState.FAILED, 0) and not fresh.commands()
+    assert "node a was lost" in (fresh.job.error or "")
+
+
+def test_a_here_job_leaving_a_node_is_parked_for_the_user_never_moved() -> None:
+    node = Node(id="a", state=NodeState.DRAINING)
+    op, _ = evacuate.plan(job(here=True), node, Placement(None, "it runs in the foreground"), "op-e")
+    assert op.kind == OpKind.CHECKPOINT and isinstance(op.args, CheckpointArgs) and op.args.parked_by == "user"
+    op, _ = evacuate.plan(job(), node, Placement(None, "full"), "op-e")
+    assert isinstance(op.args, CheckpointArgs) and op.args.parked_by == "capacity"

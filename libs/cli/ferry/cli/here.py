@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +34,16 @@ from typing import BinaryIO
 from ferry.cli.client import Client
 from ferry.cli.output import job_dict, print_json
 from ferry.common.errors import FerryError, UsageError, from_kind
-from ferry.criu.handoff import POLL_S, Handoff, read_offer
+from ferry.criu.handoff import POLL_S, Handoff, find_offer
 from ferry.criu.jobdir import JobDir
 from ferry.criu.runner import kill_tree
 from ferry.v1 import ferry_pb2 as pb
 
-__all__ = ["STOPPED_EXIT", "Foreground", "job_dir_on_this_machine", "join_cgroup", "restore_here", "run_here"]
+__all__ = ["STOPPED_EXIT", "Foreground", "join_cgroup", "restore_here", "run_here"]
 
 STOPPED_EXIT = 128 + signal.SIGTERM
 TAKE_TIMEOUT_S = 120.0
+STOP_WAIT_S = 600.0  # for the checkpoint that stops the job to be committed
 FOLLOW_S = 0.1
 
 
@@ -87,26 +90,31 @@ class Foreground:
     `stop`: called (in a thread) on SIGTERM or SIGINT when the job is to be checkpointed before it
     stops; without it the signal ends the job after `grace_s`."""
 
-    job_dir: JobDir
+    jobs_dir: Path  # the node's job directories
+    job: str  # the job's name (its id may not be known yet: a submit returns once the job runs)
     newer_than: int  # the job's incarnation before this command's request
     stop: Callable[[], None] | None = None
     grace_s: float = 10.0
+    job_dir: JobDir | None = None
     child: subprocess.Popen[bytes] | None = None
     stopping: bool = False
+    _stopper: threading.Thread | None = None
     _followers: list[_Follower] = field(default_factory=list)
 
     def take(self, abandon: threading.Event) -> Handoff | None:
         """The node's offer; None when `abandon` is set first (the request failed) or none came."""
         deadline = time.monotonic() + TAKE_TIMEOUT_S
         while time.monotonic() < deadline and not abandon.is_set():
-            offered = read_offer(self.job_dir)
-            if offered is not None and offered.incarnation > self.newer_than:
+            found = find_offer(self.jobs_dir, self.job, newer_than=self.newer_than)
+            if found is not None:
+                self.job_dir, offered = found
                 return offered
             abandon.wait(POLL_S)
         return None
 
     def run(self, offered: Handoff) -> int:
         """Runs the offered shim; returns the exit status this command should end with."""
+        assert self.job_dir is not None, "take() first"
         starts = {"stdout": 0, "stderr": 0}
         if offered.mode == "restore":  # the output before the checkpoint was printed by an earlier run
             starts = {name: _size(self.job_dir.path / name) for name in starts}
@@ -118,6 +126,8 @@ class Foreground:
             for follower in self._followers:
                 follower.start()
             code = self.child.wait()
+            if self._stopper is not None:  # the dump ended the job: wait until its checkpoint is committed
+                self._stopper.join(STOP_WAIT_S)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -136,7 +146,8 @@ class Foreground:
         self.stopping = True
         print(f"ferry: {signal.Signals(signum).name}: " + ("checkpointing the job, then stopping it"
               if self.stop else f"stopping the job (SIGKILL after {self.grace_s:.0f} s)"), file=sys.stderr)
-        threading.Thread(target=self._stop_job, daemon=True).start()
+        self._stopper = threading.Thread(target=self._stop_job, daemon=True)
+        self._stopper.start()
 
     def _stop_job(self) -> None:
         if self.stop is not None:
@@ -145,7 +156,7 @@ class Foreground:
                 return
             except FerryError as exc:
                 print(f"ferry: the checkpoint failed ({exc}): stopping the job without one", file=sys.stderr)
-        shim = self.job_dir.read_shim()
+        shim = self.job_dir.read_shim() if self.job_dir is not None else None
         if shim is not None:
             asyncio.run(kill_tree(shim.pid, self.grace_s))
 
@@ -157,19 +168,11 @@ def _size(path: Path) -> int:
         return 0
 
 
-def job_dir_on_this_machine(address: str, job_id: str) -> JobDir:
-    """The job's directory on this node, from the node's record (`address`: its work dir)."""
-    if not address or not Path(address).is_dir():
-        raise UsageError(f"--here: the node's folder {address or '(none)'} is not on this machine: run the command "
-                         f"on the job's node")
-    return JobDir(Path(address) / "jobs" / job_id)
-
-
 # -- the commands --------------------------------------------------------------------------------
 
 
-def _prepare(client: Client, args: argparse.Namespace) -> str:
-    """Checks that this machine is the job's node and joins --cgroup; returns the node's folder."""
+def _prepare(client: Client, args: argparse.Namespace) -> Path:
+    """Checks that this machine is the job's node and joins --cgroup; returns the node's job folders."""
     node = args.node
     found = next((n for n in client.call(client.stub.ListNodes, pb.ListNodesRequest()).nodes if n.id == node), None)
     if found is None:
@@ -179,7 +182,7 @@ def _prepare(client: Client, args: argparse.Namespace) -> str:
                          f"run the command on that node")
     if args.cgroup:
         join_cgroup(args.cgroup)
-    return str(found.address)
+    return Path(found.address) / "jobs"
 
 
 def _stopper(client: Client, job: str) -> Callable[[], None]:
@@ -195,72 +198,71 @@ def _stopper(client: Client, job: str) -> Callable[[], None]:
     return stop
 
 
-def _finish(client: Client, args: argparse.Namespace, fg: Foreground, offered: Handoff | None, job_id: str,
-            why: Callable[[], FerryError]) -> int:
+class _Request(threading.Thread):
+    """Runs the API call that makes the node offer the start (it returns once the job runs, so
+    only after this command took the offer)."""
+
+    def __init__(self, call: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self.call = call
+        self.failed = threading.Event()
+        self.error: FerryError | None = None
+
+    def run(self) -> None:
+        try:
+            self.call()
+        except FerryError as exc:
+            self.error = exc
+            self.failed.set()
+
+
+def _op_error(update: pb.OpUpdate) -> FerryError:
+    return from_kind(update.error_kind, update.error) if update.error_kind else FerryError(update.error)
+
+
+def _finish(client: Client, args: argparse.Namespace, fg: Foreground, request: _Request) -> int:
+    request.start()
+    offered = fg.take(request.failed)
     if offered is None:
-        raise why()
+        if request.error is not None:
+            raise request.error
+        with contextlib.suppress(FerryError):  # nobody else would take its start: end it
+            client.call(client.stub.KillJob, pb.KillJobRequest(job=fg.job, grace_s=0))
+        raise FerryError(f"{fg.job}: node {args.node} offered no start within {TAKE_TIMEOUT_S:.0f} s "
+                         f"(`ferry status {fg.job}` says why); it was killed")
     code = fg.run(offered)
     if args.output == "json":
-        job = client.call(client.stub.GetJob, pb.JobRef(job=job_id))
+        job = client.call(client.stub.GetJob, pb.JobRef(job=fg.job))
         print_json({**job_dict(job), "exit_status": code, "stopped_by_checkpoint": code == STOPPED_EXIT})
     return code
 
 
 def run_here(client: Client, args: argparse.Namespace) -> int:
     """`ferry run --here`: submits the job for this node and runs it in the foreground."""
-    address = _prepare(client, args)
-    job = client.call(client.stub.SubmitJob, pb.SubmitJobRequest(**args.request.model_dump()))
-    fg = Foreground(job_dir_on_this_machine(address, job.id), newer_than=-1,
-                    stop=_stopper(client, job.id) if args.checkpoint_on_term else None, grace_s=args.grace_s)
-    ended = threading.Event()  # the job ended before its node offered the start (it could not launch)
-    last: dict[str, pb.Job] = {}
+    jobs_dir = _prepare(client, args)
+    request = args.request
+    if not request.name:  # the offer is found by name, so it must be known before the job exists
+        request = request.model_copy(update={"name": f"here-{uuid.uuid4().hex[:8]}"})
+    fg = Foreground(jobs_dir, request.name, newer_than=-1,
+                    stop=_stopper(client, request.name) if args.checkpoint_on_term else None, grace_s=args.grace_s)
 
-    def watch() -> None:
-        try:
-            last["job"] = client.call(client.stub.WaitJob, pb.WaitJobRequest(job=job.id, timeout_s=TAKE_TIMEOUT_S),
-                                      timeout=TAKE_TIMEOUT_S + 30)
-        except FerryError:
-            pass
-        ended.set()
+    def submit() -> None:
+        client.call(client.stub.SubmitJob, pb.SubmitJobRequest(**request.model_dump()))
 
-    threading.Thread(target=watch, daemon=True).start()
-    offered = fg.take(ended)
-
-    def why() -> FerryError:
-        seen = last.get("job") or client.call(client.stub.GetJob, pb.JobRef(job=job.id))
-        if seen.state in ("pending", "starting"):
-            client.call(client.stub.KillJob, pb.KillJobRequest(job=job.id, grace_s=0))
-            return FerryError(f"{seen.name} never started on {args.node} ({seen.reason or seen.state}); it was killed")
-        return FerryError(f"{seen.name} {seen.state} before it started here: "
-                          f"{seen.error or seen.reason or 'see `ferry status`'}")
-
-    return _finish(client, args, fg, offered, job.id, why)
+    return _finish(client, args, fg, _Request(submit))
 
 
 def restore_here(client: Client, args: argparse.Namespace) -> int:
     """`ferry restore JOB --here`: restores the job on this node, in the foreground."""
-    address = _prepare(client, args)
+    jobs_dir = _prepare(client, args)
     job = client.call(client.stub.GetJob, pb.JobRef(job=args.job))
-    fg = Foreground(job_dir_on_this_machine(address, job.id), newer_than=job.incarnation,
-                    stop=_stopper(client, job.id) if args.checkpoint_on_term else None, grace_s=args.grace_s)
-    failed = threading.Event()
-    outcome: dict[str, FerryError] = {}
+    fg = Foreground(jobs_dir, job.name, newer_than=job.incarnation,
+                    stop=_stopper(client, job.name) if args.checkpoint_on_term else None, grace_s=args.grace_s)
 
-    def follow() -> None:
+    def restore() -> None:
         req = pb.RestoreRequest(job=job.id, node=args.node, checkpoint=args.checkpoint or "", here=True)
-        try:
-            for update in client.stream(client.stub.Restore, req):
-                if update.done:
-                    if update.error:
-                        outcome["error"] = (from_kind(update.error_kind, update.error) if update.error_kind
-                                            else FerryError(update.error))
-                        failed.set()
-                    return
-        except FerryError as exc:
-            outcome["error"] = exc
-            failed.set()
+        for update in client.stream(client.stub.Restore, req):
+            if update.done and update.error:
+                raise _op_error(update)
 
-    threading.Thread(target=follow, daemon=True).start()
-    offered = fg.take(failed)
-    return _finish(client, args, fg, offered, job.id, lambda: outcome.get("error") or FerryError(
-        f"{job.name}: the node offered no restore within {TAKE_TIMEOUT_S:.0f} s: `ferry status` says why"))
+    return _finish(client, args, fg, _Request(restore))

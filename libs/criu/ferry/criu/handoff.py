@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ferry.criu.jobdir import JobDir, write_json_atomic
 
-__all__ = ["FOREGROUND_FLAG", "Handoff", "HandoffReply", "offer", "take", "write_reply"]
+__all__ = ["FOREGROUND_FLAG", "Handoff", "HandoffReply", "find_offer", "offer", "take", "write_reply"]
 
 FOREGROUND_FLAG = "--foreground"
 POLL_S = 0.05
@@ -36,6 +36,7 @@ class Handoff(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    job: str  # the job's name: a caller that submitted the job may not know its id yet
     incarnation: int
     mode: Literal["launch", "restore"]
     argv: list[str]  # the shim's command line, FOREGROUND_FLAG included
@@ -103,12 +104,23 @@ async def offer(job_dir: JobDir, handoff: Handoff, timeout_s: float) -> HandoffR
             _handoff_file(job_dir).unlink(missing_ok=True)
 
 
-async def take(job_dir: JobDir, *, newer_than: int, timeout_s: float) -> Handoff | None:
-    """Waits for an offer of an incarnation above `newer_than`; None when none came in time."""
+def find_offer(jobs_dir: Path, job: str, *, newer_than: int) -> tuple[JobDir, Handoff] | None:
+    """The offer for the job named `job` among a node's job directories, if one is above
+    incarnation `newer_than`."""
+    for path in jobs_dir.glob("*/handoff.json"):
+        job_dir = JobDir(path.parent)
+        found = read_offer(job_dir)
+        if found is not None and found.job == job and found.incarnation > newer_than:
+            return job_dir, found
+    return None
+
+
+async def take(jobs_dir: Path, job: str, *, newer_than: int, timeout_s: float) -> tuple[JobDir, Handoff] | None:
+    """Waits for an offer for `job` (``find_offer``); None when none came in time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = read_offer(job_dir)
-        if found is not None and found.incarnation > newer_than:
+        found = find_offer(jobs_dir, job, newer_than=newer_than)
+        if found is not None:
             return found
         await asyncio.sleep(POLL_S)
     return None

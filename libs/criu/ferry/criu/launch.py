@@ -45,12 +45,12 @@ async def launch(
     incarnation: int,
     hide: Sequence[str | os.PathLike[str]] = (),
     network: str = "host",
-    here: bool = False,
+    here: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
-    """Start ``argv`` as PID 1 of a new PID namespace under a detached shim (``here``: under a
-    shim that the job's ``--here`` caller runs in its foreground, ``ferry.criu.handoff``).
+    """Start ``argv`` as PID 1 of a new PID namespace under a detached shim (``here``, the job's
+    name: under a shim that the job's ``--here`` caller runs in its foreground, ``ferry.criu.handoff``).
 
     Each folder of ``hide`` that exists is out of the workload's sight (an empty tmpfs over it in
     the job's mount namespace). ``network`` "isolated" gives it a network namespace of its own
@@ -71,7 +71,7 @@ async def launch(
         cmd += ["--network", network]
         cmd += ["--", *argv]
         if here:
-            return await _hand_off(job_dir, cmd, "launch", incarnation, timeout_s, LaunchFailed, log_path=None)
+            return await _hand_off(job_dir, here, cmd, "launch", incarnation, timeout_s, LaunchFailed, log_path=None)
         return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
     finally:
         env_file.unlink(missing_ok=True)
@@ -85,7 +85,7 @@ async def restore(
     incarnation: int,
     criu_bin: str = "criu",
     criu_args: Sequence[str] = (),
-    here: bool = False,
+    here: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
@@ -109,12 +109,14 @@ async def restore(
     cmd += [f"--criu-arg={arg}" for arg in criu_args]
     log_path = str(images_dir / RESTORE_LOG)
     if here:
-        return await _hand_off(job_dir, cmd, "restore", incarnation, timeout_s, RestoreFailed, log_path=log_path)
+        return await _hand_off(job_dir, here, cmd, "restore", incarnation, timeout_s, RestoreFailed,
+                               log_path=log_path)
     return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=log_path)
 
 
 async def _hand_off(
     job_dir: JobDir,
+    job: str,
     cmd: list[str],
     mode: Literal["launch", "restore"],
     incarnation: int,
@@ -125,7 +127,7 @@ async def _hand_off(
 ) -> ShimInfo:
     """Offers the shim's command to the job's ``--here`` caller; returns once its workload runs."""
     argv = [*cmd[:4], FOREGROUND_FLAG, *cmd[4:]]  # python -m ferry.criu.shim MODE --foreground ...
-    reply = await offer(job_dir, Handoff(incarnation=incarnation, mode=mode, argv=argv), timeout_s)
+    reply = await offer(job_dir, Handoff(job=job, incarnation=incarnation, mode=mode, argv=argv), timeout_s)
     if reply is None:
         raise error(f"the `--here` command did not take the job's {mode} within {timeout_s:.0f} s "
                     f"(it must run on this node: is it still waiting?)")

@@ -278,7 +278,7 @@ class Checkpointer(LiveSource, NodeService):
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
             info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation,
                                 hide=hidden_from_jobs(self.settings, self.scratch_dir), network=job.network.value,
-                                here=job.here)
+                                here=job.name if job.here else None)
         except (LaunchFailed, SealError, ConfigError) as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
