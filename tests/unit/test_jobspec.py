@@ -111,3 +111,4 @@ def test_every_dump_and_restore_of_an_isolated_job_keeps_its_connections() -> No
     assert job_criu_args("isolated") == ("--tcp-established", "--network-lock", "nftables")
     assert job_criu_args("host", ["--tcp-established"]) == ("--tcp-established", "--network-lock", "nftables")
     assert job_criu_args("isolated", ["--tcp-established"]).count("--tcp-established") == 1
+    assert job_criu_args("host", adopted=True) == ("--shell-job",)

@@ -85,7 +85,7 @@ def test_a_here_job_is_never_restarted_by_ferry_after_its_node_is_lost() -> None
     restore or a fresh start by Ferry would make it run twice."""
     s = failover.on_lost(job(here=True), None, "a", Placement("b"), restore_op="op-r", now=NOW)
     assert (s.job.state, s.job.parked_by, s.job.incarnation) == (JobState.PREEMPTED, "user", 4)
-    assert "ferry restore t1 --here" in (s.job.reason or "") and not s.commands()
+    assert "ferry restore t1 [--here]" in (s.job.reason or "") and not s.commands()
     fresh = failover.on_lost(job(here=True, last_checkpoint=None), None, "a", Placement("b"), restore_op="op-r",
                              now=NOW)
     assert (fresh.job.state, fresh.job.restarts) == (JobState.FAILED, 0) and not fresh.commands()
@@ -98,3 +98,16 @@ def test_a_here_job_leaving_a_node_is_parked_for_the_user_never_moved() -> None:
     assert op.kind == OpKind.CHECKPOINT and isinstance(op.args, CheckpointArgs) and op.args.parked_by == "user"
     op, _ = evacuate.plan(job(), node, Placement(None, "full"), "op-e")
     assert isinstance(op.args, CheckpointArgs) and op.args.parked_by == "capacity"
+
+
+def test_an_adopted_job_is_never_restarted_by_ferry_and_an_unknown_exit_status_ends_it() -> None:
+    from ferry.common import wire
+    from ferry.scheduler.ops import run
+
+    lost = failover.on_lost(job(adopt_pid=4242, adopted=True, last_checkpoint=None), None, "a", Placement("b"),
+                            restore_op="op-r", now=NOW)
+    assert lost.job.state == JobState.FAILED and not lost.commands()
+    ev = wire.NodeEvent(kind="exited", node="a", job="job-1", incarnation=3, exit_code=None, signal=None)
+    ended = run.on_exited(job(adopt_pid=4242, adopted=True), None, None, ev, NOW)
+    assert (ended.job.state, ended.job.exit_code) == (JobState.ENDED, None)
+    assert "its own parent" in (ended.job.reason or "")

@@ -344,6 +344,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     GPU_SHARED_FIELD_NUMBER: builtins.int
     NETWORK_FIELD_NUMBER: builtins.int
     HERE_FIELD_NUMBER: builtins.int
+    ADOPT_PID_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -368,6 +369,10 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """"isolated" (own network namespace, loopback only) or "host"; empty: host"""
     here: builtins.bool
     """run in the foreground of the caller on `node` (`ferry run --here`): the"""
+    adopt_pid: builtins.int
+    """node hands the start to the caller, whose own supervisor owns restarts
+    `ferry adopt`: watch and checkpoint this running process on `node` instead
+    """
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -392,8 +397,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         gpu_shared: builtins.bool = ...,
         network: builtins.str = ...,
         here: builtins.bool = ...,
+        adopt_pid: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -688,6 +694,8 @@ class Job(google.protobuf.message.Message):
     TENANT_FIELD_NUMBER: builtins.int
     NETWORK_FIELD_NUMBER: builtins.int
     HERE_FIELD_NUMBER: builtins.int
+    ADOPT_PID_FIELD_NUMBER: builtins.int
+    ADOPTED_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -719,6 +727,10 @@ class Job(google.protobuf.message.Message):
     """isolated: its own network namespace; host: its sockets bind the node's addresses"""
     here: builtins.bool
     """runs in the foreground of a `ferry run|restore --here` on its node"""
+    adopt_pid: builtins.int
+    """the adopted process it is (0: Ferry started or restored it)"""
+    adopted: builtins.bool
+    """it was adopted once: its dumps take its foreign session along (--shell-job)"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -760,8 +772,10 @@ class Job(google.protobuf.message.Message):
         tenant: builtins.str = ...,
         network: builtins.str = ...,
         here: builtins.bool = ...,
+        adopt_pid: builtins.int = ...,
+        adopted: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 

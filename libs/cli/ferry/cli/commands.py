@@ -69,6 +69,45 @@ def validate_here(args: argparse.Namespace) -> None:
     args.grace_s = parse_duration(args.grace_here)
 
 
+def validate_adopt(args: argparse.Namespace) -> None:
+    """`ferry adopt PID`: the process must be adoptable (``ferry.node.adopt``), checked here on its
+    machine before anything is contacted; its command line and folder become the job's."""
+    from ferry.node.adopt import adopt_problem  # psutil loads only for adopt
+
+    args.node = args.node or os.environ.get("FERRY_NODE_ID", "")
+    if not args.node:
+        raise UsageError("adopt: say which node this machine is with --node NODE (or FERRY_NODE_ID)")
+    me = os.getpid()
+    ours = {me}
+    pid = me
+    while pid > 1:  # this command and its parents: adopting one would dump this command too
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        ours.add(pid)
+    problem = adopt_problem(args.pid, callers=ours)
+    if problem is not None:
+        raise UsageError(f"cannot adopt {args.pid}: {problem}")
+    try:
+        argv = [a for a in Path(f"/proc/{args.pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+        cwd = os.readlink(f"/proc/{args.pid}/cwd")
+    except OSError as exc:
+        raise UsageError(f"cannot adopt {args.pid}: {exc.strerror or exc}") from exc
+    args.request = check_request({"name": args.name or "", "argv": argv, "cwd": cwd, "node": args.node,
+                                  "adopt_pid": args.pid})
+
+
+def cmd_adopt(client: Client, args: argparse.Namespace) -> int:
+    job = client.call(client.stub.SubmitJob, pb.SubmitJobRequest(**args.request.model_dump()))
+    if _json(args):
+        print_json(job_dict(job))
+    else:
+        print(f"{job.name} ({job.id}) adopted on {job.node}: process {args.pid} runs on where it is; Ferry watches "
+              f"and checkpoints it")
+    return 0
+
+
 def validate_run(args: argparse.Namespace) -> None:
     """Checks `ferry run`'s arguments before anything is contacted or started: the same rules the
     API applies (ferry.common.jobspec), plus what only the caller's machine can tell (--cwd)."""
@@ -213,6 +252,11 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             print(f"{key:16} {d[key]}")
     if last is not None:
         print(f"{'checkpointed':16} {ago(last.created)} on {last.node}, {size(last.bytes_logical)}")
+    if job.adopt_pid:
+        print(f"{'adopted':16} process {job.adopt_pid}, where its own supervisor started it (Ferry never restarts "
+              f"or moves it; a restore makes it Ferry's)")
+    if job.here:
+        print(f"{'here':16} in the foreground of a `--here` command on {job.node}, whose supervisor restarts it")
     network = job.network or "host"
     print(f"{'network':16} {network}" + (" (its sockets bind the node's addresses; a restore may find its ports "
                                            "taken)" if network == "host" else " (loopback only, checkpointed "

@@ -23,6 +23,7 @@ EPILOG = """examples:
   ferry checkpoint t1 -o json
   ferry migrate t1 --to node-2
   ferry logs t1 -f
+  ferry adopt 12345 --name step-7 --node node-1
 """
 
 
@@ -83,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", metavar="DURATION", help="SLA: finish within this long from now, e.g. 6h")
     p.add_argument("--max-downtime", metavar="DURATION", help="SLA: the longest stop the job tolerates, e.g. 30s")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+
+    p = add("adopt", "take a running process (and its children) into Ferry's care where it runs: watched, "
+                     "checkpointed, restorable elsewhere; run it on the process's node")
+    p.add_argument("pid", type=int, help="the process to adopt (a SLURM step's, a container's, a shell's child)")
+    p.add_argument("--name", help="job name (default: generated)")
+    p.add_argument("--node", help="the node this machine is (default: FERRY_NODE_ID)")
 
     p = add("checkpoint", "checkpoint a running job into the store")
     p.add_argument("job")
@@ -166,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "nodes": commands.cmd_nodes,
     "run": commands.cmd_run,
+    "adopt": commands.cmd_adopt,
     "checkpoint": commands.cmd_checkpoint,
     "restore": commands.cmd_restore,
     "migrate": commands.cmd_migrate,
@@ -221,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 commands.validate_here(args)
             if args.cmd == "run":
                 commands.validate_run(args)
+            if args.cmd == "adopt":
+                commands.validate_adopt(args)
             client = Client(args.addr or default_addr())
             try:
                 code = HANDLERS[args.cmd](client, args)

@@ -37,7 +37,7 @@ FLAGS = {
     "checkpoint_every_s": "--checkpoint-every", "priority": "--priority", "cpus": "--cpus",
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
-    "network": "--network", "here": "--here",
+    "network": "--network", "here": "--here", "adopt_pid": "PID",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -64,6 +64,7 @@ class JobRequest(BaseModel):
     gpu_shared: bool = False
     network: str = ""  # empty: host (see Network)
     here: bool = False  # in the foreground of the caller, on `node`
+    adopt_pid: int = Field(0, ge=0, le=1 << 22)  # `ferry adopt`: the running process on `node` (0: none)
 
     @field_validator("name")
     @classmethod
@@ -136,7 +137,7 @@ class JobRequest(BaseModel):
             deadline=now + self.deadline_s if self.deadline_s else None,
             max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
-            network=Network(self.network or Network.HOST), here=self.here)
+            network=Network(self.network or Network.HOST), here=self.here, adopt_pid=self.adopt_pid or None)
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:
@@ -145,6 +146,10 @@ def check_request(fields: dict[str, Any]) -> JobRequest:
         request = JobRequest.model_validate(fields)
     except ValidationError as exc:
         raise UsageError(_one_line(exc.errors()[0], fields)) from None
+    if request.adopt_pid and not request.node:
+        raise UsageError("adopt: say which node the process runs on with --node NODE (or FERRY_NODE_ID)")
+    if request.adopt_pid and request.here:
+        raise UsageError("adopt: an adopted process runs where it is; --here does not apply")
     if request.here and not request.node:
         raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
     if request.exec_bytes() > EXEC_MAX:

@@ -40,9 +40,10 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     KILLED = "killed"
+    ENDED = "ended"  # an adopted process ended and its parent collected the status before Ferry could read it
 
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.ENDED})
 BUSY_STATES = frozenset({JobState.CHECKPOINTING, JobState.RESTORING, JobState.MIGRATING})
 
 
@@ -88,6 +89,15 @@ class Job(Record):
     # runs in the foreground of a `ferry run|restore --here` on its node: that caller's supervisor
     # (a SLURM step, a container runtime) owns its restarts, so Ferry never moves or restarts it
     here: bool = False
+    # `ferry adopt`: the process another supervisor started, watched where it runs (None once Ferry
+    # restored it); `adopted` stays: its session leader is not in its tree, so dumps use --shell-job
+    adopt_pid: int | None = None
+    adopted: bool = False
+
+    @property
+    def supervised_elsewhere(self) -> bool:
+        """Its supervisor is not Ferry (``--here``, adopted): Ferry never moves or restarts it."""
+        return self.here or self.adopt_pid is not None
 
     @property
     def terminal(self) -> bool:

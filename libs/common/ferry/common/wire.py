@@ -124,10 +124,12 @@ class JobSpec(Record):
     gpu_shared: bool = False
     network: Network = Network.HOST
     here: bool = False
+    adopt_pid: int | None = None
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""
-        return Job(id=job_id, op=op_id, requested_node=self.node, **self.model_dump(exclude={"node"}))
+        return Job(id=job_id, op=op_id, requested_node=self.node, adopted=self.adopt_pid is not None,
+                   **self.model_dump(exclude={"node"}))
 
 
 class SchedulerCommand(Record):

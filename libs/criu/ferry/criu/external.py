@@ -64,4 +64,6 @@ def dump_args(keys: Mapping[str, str]) -> list[str]:
 
 
 def is_external_key(name: str) -> bool:
-    return name.startswith("file[") and name.endswith("]")
+    """A name CRIU's --inherit-fd takes as is: an external file's key, or a pipe ("pipe:[INODE]",
+    the stdout of an adopted process that wrote to its supervisor)."""
+    return (name.startswith("file[") or name.startswith("pipe:[")) and name.endswith("]")

@@ -30,11 +30,12 @@ class ShimInfo(BaseModel):
     pid: int
     incarnation: int
     started: float
-    mode: Literal["launch", "restore"]
+    mode: Literal["launch", "restore", "adopt"]
 
 
 class ExitInfo(BaseModel):
-    """How the workload ended: ``code`` for an exit, ``signal`` when killed by one."""
+    """How the workload ended: ``code`` for an exit, ``signal`` when killed by one (both None: an
+    adopted process whose parent collected its status before Ferry could read it)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -25,7 +25,7 @@ from ferry.criu.handoff import FOREGROUND_FLAG, Handoff, offer
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.runner import RESTORE_LOG
 
-__all__ = ["launch", "restore"]
+__all__ = ["adopt", "launch", "restore"]
 
 DEFAULT_TIMEOUT_S = 120.0
 HERE_CGROUPS = "--manage-cgroups=ignore"
@@ -75,6 +75,22 @@ async def launch(
         return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
     finally:
         env_file.unlink(missing_ok=True)
+
+
+async def adopt(
+    job_dir: JobDir,
+    pid: int,
+    *,
+    incarnation: int,
+    python: str = sys.executable,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ShimInfo:
+    """Watch the running process ``pid`` (``ferry adopt``) under a detached shim, which records its
+    end in the job directory as for any workload. Raises LaunchFailed."""
+    job_dir.create()
+    cmd = [python, "-m", "ferry.criu.shim", "adopt", "--job-dir", str(job_dir.path), "--incarnation",
+           str(incarnation), "--pid", str(pid)]
+    return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
 
 
 async def restore(

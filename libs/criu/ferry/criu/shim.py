@@ -2,6 +2,7 @@
 
     python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] \
         [--hide DIR ...] [--network host|isolated] -- ARGV...
+    python -m ferry.criu.shim adopt --job-dir D --incarnation K --pid PID
     python -m ferry.criu.shim restore --job-dir D --incarnation K --images IMGDIR \
         --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN] [--criu-arg ARG ...]
 
@@ -16,7 +17,8 @@ Processes:
         and a /dev of its own (``linux.mount_own_proc``, ``linux.private_dev``), each --hide
         folder (the node's secrets and data) under an empty tmpfs (``linux.hide_dirs``), and
         without the capabilities that would undo that (``linux.drop_capabilities``); restore:
-        runs ``criu restore -d``, whose restored root is reparented to it. Writes D/shim.json,
+        runs ``criu restore -d``, whose restored root is reparented to it; adopt: watches a
+        process another supervisor started (``monitor_adopt``). Writes D/shim.json,
         reports, waits for the workload, writes D/exit.json, exits. It never writes to D/stdout or D/stderr.
 
 The monitor outlives whoever started it, so exit codes are collected even when the node service is
@@ -30,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -81,6 +84,13 @@ class LaunchPlan:
     env: dict[str, str]
     hide: tuple[str, ...] = ()
     network: str = "host"
+
+
+@dataclass(frozen=True)
+class AdoptPlan:
+    job_dir: JobDir
+    incarnation: int
+    pid: int
 
 
 @dataclass(frozen=True)
@@ -303,7 +313,8 @@ def _wait_workload(job_dir: JobDir, pid: int, incarnation: int) -> int:
     return 0
 
 
-def _started(plan_dir: JobDir, report: Report, pid: int, incarnation: int, mode: Literal["launch", "restore"]) -> None:
+def _started(plan_dir: JobDir, report: Report, pid: int, incarnation: int,
+             mode: Literal["launch", "restore", "adopt"]) -> None:
     info = ShimInfo(shim_pid=os.getpid(), pid=pid, incarnation=incarnation, started=time.time(), mode=mode)
     try:
         plan_dir.write_shim(info)
@@ -420,6 +431,42 @@ def monitor_restore(plan: RestorePlan, report: Report) -> int:
     return _wait_workload(plan.job_dir, pid, plan.incarnation)
 
 
+# -- adopt ---------------------------------------------------------------------------------------
+
+
+def monitor_adopt(plan: AdoptPlan, report: Report) -> int:
+    """Watches a process that another supervisor started (it stays that one's child) until it
+    ends. Its exit status goes to its parent: it is read from /proc while the process is a zombie
+    not yet reaped, and recorded as unknown when the parent was quicker."""
+    try:
+        pidfd = os.pidfd_open(plan.pid)
+    except OSError as exc:
+        report({"ok": False, "error": f"cannot watch process {plan.pid}: {exc.strerror or exc}"})
+        return 1
+    _started(plan.job_dir, report, plan.pid, plan.incarnation, "adopt")
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    while not poller.poll():
+        pass
+    code, sig = _zombie_status(plan.pid)
+    os.close(pidfd)
+    plan.job_dir.write_exit(ExitInfo(code=code, signal=sig, finished=time.time(), incarnation=plan.incarnation))
+    log.info("adopted process %d ended: code=%s signal=%s", plan.pid, code, sig)
+    return 0
+
+
+def _zombie_status(pid: int) -> tuple[int | None, int | None]:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None, None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None, None
+    status = int(fields[49])  # exit_code (field 52), as waitpid would give it
+    code = os.waitstatus_to_exitcode(status)
+    return (code, None) if code >= 0 else (None, -code)
+
+
 def _reap_all() -> None:
     while True:
         try:
@@ -435,7 +482,7 @@ def _reap_all() -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ferry.criu.shim", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
-    for mode in ("launch", "restore"):
+    for mode in ("launch", "restore", "adopt"):
         p = sub.add_parser(mode)
         p.add_argument("--job-dir", required=True)
         p.add_argument("--incarnation", type=int, required=True)
@@ -449,6 +496,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="a folder the workload must not see (repeat)")
             p.add_argument("--network", choices=["host", "isolated"], default="host",
                            help="isolated: a network namespace of the workload's own, loopback only")
+        elif mode == "adopt":
+            p.add_argument("--pid", type=int, required=True, help="the process to watch (it is not our child)")
         else:
             p.add_argument("--images", required=True)
             p.add_argument("--inherit", action="append", default=[], metavar="FILE_IN_D=ORIGINAL_ABS_PATH")
@@ -470,6 +519,10 @@ def main(args: Sequence[str] | None = None) -> int:
             lplan = plan_launch(ns, command)
             monitor: Callable[[Report], int] = lambda report: monitor_launch(lplan, report)  # noqa: E731
             job_dir = lplan.job_dir
+        elif ns.mode == "adopt":
+            aplan = AdoptPlan(JobDir(ns.job_dir), ns.incarnation, ns.pid)
+            monitor = lambda report: monitor_adopt(aplan, report)  # noqa: E731
+            job_dir = aplan.job_dir
         else:
             if command:
                 raise Refused("restore takes no command")

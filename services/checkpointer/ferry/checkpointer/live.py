@@ -91,7 +91,7 @@ class LiveSource(NodeService):
         shutil.rmtree(images, ignore_errors=True)
         source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
                             tls_args=page_tls(self.settings),
-                            extra_args=job_criu_args(job.network, cmd.options.criu_args))
+                            extra_args=job_criu_args(job.network, cmd.options.criu_args, adopted=job.adopted))
         self.live[job.id] = source
         try:
             self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)

@@ -43,6 +43,7 @@ from ferry.gpu.cuda_checkpoint import (
 from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuDumpStats, GpuInfo
 from ferry.gpu.nvml import Nvml
+from ferry.node.adopt import stdio_pipes
 from ferry.node.base import LOGS_DIR, META_FILE, kernel_release, snapshot_logs
 from ferry.node.procs import alive, signal_tree, wait_for_dumps_of
 from ferry.node.space import space_problem, tree_rss
@@ -227,6 +228,8 @@ class CheckpointPipeline:
         self.host.faults.raise_at(cmd.options, "round", DumpFailed)
         if cmd.stop:  # durably, before anything freezes the job (recover_interrupted_stops reads it)
             stop_marker.write_text(cmd.checkpoint)
+        # an adopted process may write to its supervisor's pipes: a restore hands it the job's files there
+        pipes = stdio_pipes(pid) if job.adopted else {}
         gpu: tuple[CudaCheckpointer, GpuDumpStats] | None = None
         cuda_pids: list[int] = await asyncio.to_thread(cuda_processes, pid) if job.gpu_uuids else []
         if cuda_pids:
@@ -241,7 +244,8 @@ class CheckpointPipeline:
                 dump = await self.criu.dump(pid, images, leave_running=not cmd.stop,
                                             record_sizes=[jd.stdout, jd.stderr],
                                             extra_args=[*(["--leave-stopped"] if cmd.stop else []),
-                                                        *job_criu_args(job.network, cmd.options.criu_args)])
+                                                        *job_criu_args(job.network, cmd.options.criu_args,
+                                                                       adopted=job.adopted)])
                 span.set_attribute("ferry.dump_ms", dump.wall_ms)
         except CriuError:
             if gpu is not None:  # CRIU resumed the tree: give it its GPU state back
@@ -254,7 +258,7 @@ class CheckpointPipeline:
             record.gpu_bytes, record.gpu_lock_ms, record.gpu_checkpoint_ms = (
                 stats.gpu_bytes, stats.lock_ms, stats.checkpoint_ms)
         try:
-            await self._upload(cmd, jd, pid, images, record, dump, gpu is not None)
+            await self._upload(cmd, jd, pid, images, record, dump, gpu is not None, pipes)
         except (StoreError, OSError):
             if cmd.stop and gpu is not None:  # the job goes on: running again, then its GPU state back
                 signal_tree(pid, signal.SIGCONT)
@@ -262,7 +266,7 @@ class CheckpointPipeline:
             raise
 
     async def _upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path, record: CheckpointRecord,
-                      dump: DumpResult, uses_gpu: bool) -> None:
+                      dump: DumpResult, uses_gpu: bool, pipes: dict[str, str]) -> None:
         job, host = cmd.job, self.host
         assert cmd.checkpoint
         await asyncio.to_thread(snapshot_logs, jd, images / LOGS_DIR, dump.file_sizes)
@@ -270,8 +274,8 @@ class CheckpointPipeline:
             "job": job.id, "name": job.name, "checkpoint": cmd.checkpoint, "incarnation": cmd.incarnation,
             "argv": job.argv, "node": host.node_id,
             # what the restore hands each output file to CRIU under (ferry.criu.external)
-            "stdout_path": dump.file_keys.get(str(jd.stdout), str(jd.stdout)),
-            "stderr_path": dump.file_keys.get(str(jd.stderr), str(jd.stderr))}
+            "stdout_path": pipes.get("stdout") or dump.file_keys.get(str(jd.stdout), str(jd.stdout)),
+            "stderr_path": pipes.get("stderr") or dump.file_keys.get(str(jd.stderr), str(jd.stderr))}
         if uses_gpu:  # what a restore target must match
             used = [g for g in host.gpus() if g.uuid in job.gpu_uuids]
             meta["gpu"] = snapshot_of(used, host.gpu_driver_version()).model_dump()

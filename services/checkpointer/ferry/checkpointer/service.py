@@ -14,6 +14,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import psutil
 from nats.aio.msg import Msg
 
 from ferry.checkpointer.live import LiveSource
@@ -27,13 +28,14 @@ from ferry.common.sealing import SealError, open_env, read_key
 from ferry.common.service import service_main
 from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
-from ferry.criu.launch import launch
+from ferry.criu.launch import adopt, launch
 from ferry.criu.lazy_common import ensure_pipe_limits
 from ferry.criu.runner import CriuRunner, kill_tree
 from ferry.gpu.models import GpuInfo, GpuReport
 from ferry.gpu.monitor import GpuMonitor
 from ferry.gpu.nvml import Nvml, RealNvml
 from ferry.gpu.xid import XidWatcher
+from ferry.node.adopt import adopt_problem
 from ferry.node.base import (
     NODE_ACK_WAIT_S,
     NodeService,
@@ -272,6 +274,9 @@ class Checkpointer(LiveSource, NodeService):
         jd.clear_run_state()
         for f in (jd.stdout, jd.stderr):
             f.write_bytes(b"")
+        if job.adopt_pid is not None:
+            await self.adopt(cmd, jd)
+            return
         try:
             env = workload_env(open_env(job.env, self.env_key(), job.tenant))
             if job.gpu_uuids:
@@ -280,6 +285,24 @@ class Checkpointer(LiveSource, NodeService):
                                 hide=hidden_from_jobs(self.settings, self.scratch_dir), network=job.network.value,
                                 here=job.name if job.here else None)
         except (LaunchFailed, SealError, ConfigError) as exc:
+            await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
+                                             incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
+            return
+        await self.report(wire.NodeEvent(kind="started", node=self.node_id, job=job.id,
+                                         incarnation=cmd.incarnation, op=cmd.op, pid=info.pid))
+
+    async def adopt(self, cmd: wire.NodeCommand, jd: JobDir) -> None:
+        """`ferry adopt`: watch a running process where it is (``ferry.node.adopt``)."""
+        job = cmd.job
+        assert job.adopt_pid is not None
+        callers = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        ours = {os.getpid(), *(s.pid for s in self.running_jobs().values())}
+        problem = await asyncio.to_thread(adopt_problem, job.adopt_pid, ours=ours, callers=callers)
+        try:
+            if problem is not None:
+                raise LaunchFailed(problem)
+            info = await adopt(jd, job.adopt_pid, incarnation=cmd.incarnation)
+        except LaunchFailed as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
             return

@@ -103,7 +103,8 @@ class LiveTarget(NodeService):
             target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                 tls_args=page_tls(self.settings),
                                 inherit={"stdout": str(meta["stdout_path"]), "stderr": str(meta["stderr_path"])},
-                                extra_args=job_criu_args(job.network, cmd.options.criu_args), op=cmd.op)
+                                extra_args=job_criu_args(job.network, cmd.options.criu_args,
+                                                         adopted=job.adopted), op=cmd.op)
             await target.arm()
         except (StoreError, CriuError, OSError, KeyError, TimeoutError) as exc:
             log.warning("could not prepare the live restore of %s (it will be slower): %s", job.name, exc)
@@ -152,7 +153,8 @@ class LiveTarget(NodeService):
             target = prepared or LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                             tls_args=page_tls(self.settings),
                                             inherit={"stdout": pages.stdout_path, "stderr": pages.stderr_path},
-                                            extra_args=job_criu_args(job.network, cmd.options.criu_args), op=cmd.op)
+                                            extra_args=job_criu_args(job.network, cmd.options.criu_args,
+                                                         adopted=job.adopted), op=cmd.op)
             fetch = asyncio.to_thread(self.store.restore_files, manifest, images,
                                       reserve=int(self.settings.disk_reserve))
             # Python's start-up for the restore while the images come, unless prepared already

@@ -89,7 +89,8 @@ class Migrator(LiveTarget, NodeService):
             with _tracer.start_as_current_span("criu.restore"):
                 info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},
                                      incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
-                                     criu_args=job_criu_args(cmd.job.network, cmd.options.criu_args),
+                                     criu_args=job_criu_args(cmd.job.network, cmd.options.criu_args,
+                                                             adopted=cmd.job.adopted),
                                      here=job.name if job.here else None)
             if gpu is not None:
                 with _tracer.start_as_current_span("cuda.restore"):

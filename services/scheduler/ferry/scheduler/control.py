@@ -102,11 +102,11 @@ class ControlLoop:
         """Moves `job` off a draining or preempted node (``ops.evacuate``). When nothing can take
         it, lower-priority jobs elsewhere are parked to make room (preempt-and-save); when that does
         not help either, `job` itself is parked with its final checkpoint."""
-        if job.here:  # its caller's supervisor restarts it: save it where it is, never move it
+        if job.supervised_elsewhere:  # its caller's supervisor restarts it: save it where it is, never move it
             placement = Placement(None, "it runs in the foreground of a `--here` command there")
         else:
             placement = await self.actions.placement(job, exclude=node.id)
-        if placement.node is None and not job.here and await self.make_room(job, exclude=node.id):
+        if placement.node is None and not job.supervised_elsewhere and await self.make_room(job, exclude=node.id):
             return  # the victims are being parked; the next tick moves `job`
         op, event = evacuate.plan(job, node, placement, new_id("op"))
         await self.state.save_op(op)
@@ -131,7 +131,7 @@ class ControlLoop:
             if victim.op is not None:
                 continue
             op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
-                    args=CheckpointArgs(parked_by="user" if victim.here else "capacity",
+                    args=CheckpointArgs(parked_by="user" if victim.supervised_elsewhere else "capacity",
                                         reason=f"parked to make room for {job.name} (priority {job.priority})"))
             await self.state.save_op(op)
             await self.state.emit(Event(kind="preempting", job=victim.id, node=where,
@@ -158,7 +158,7 @@ class ControlLoop:
 
     async def rebalance(self, job: Job, node: Node) -> None:
         """Moves `job` when a better node saves more over its remaining time than a move costs."""
-        if job.requested_node or job.here or not job.last_checkpoint:
+        if job.requested_node or job.supervised_elsewhere or not job.last_checkpoint:
             return
         t = now()
         views = node_views(await self.state.nodes(), [j for j in await self.state.jobs() if j.id != job.id], t,

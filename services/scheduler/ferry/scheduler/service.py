@@ -251,9 +251,9 @@ class Scheduler(Service):
                                 f"(use `ferry restore` for a stopped one)")
         if not to:
             raise UsageError("say where to: `ferry migrate JOB --to NODE`")
-        if job.here:
-            raise ConflictError(f"job {job.name} runs in the foreground of a `--here` command on {job.node}, whose "
-                                f"supervisor owns it: `ferry checkpoint {job.name} --stop`, then `ferry restore "
+        if job.supervised_elsewhere:
+            raise ConflictError(f"job {job.name} runs under its own supervisor on {job.node} (`--here` or "
+                                f"adopted), which owns it: `ferry checkpoint {job.name} --stop`, then `ferry restore "
                                 f"{job.name} --node NODE` moves it")
         target = await self._target(job, to)
         if target == job.node:

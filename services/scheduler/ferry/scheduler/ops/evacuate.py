@@ -19,7 +19,7 @@ def plan(job: Job, node: Node, placement: Placement, op_id: str) -> tuple[Op, Ev
     if placement.node is None:
         # a --here job's supervisor restores it (`ferry restore --here`): parked for the user, not capacity
         op = Op(id=op_id, kind=OpKind.CHECKPOINT, job=job.id, args=CheckpointArgs(
-            parked_by="user" if job.here else "capacity",
+            parked_by="user" if job.supervised_elsewhere else "capacity",
             reason=f"parked: {node.id} is {node.state} and {placement.why}"))
         what = "parking (no capacity)"
     else:

@@ -31,13 +31,14 @@ def on_lost(job: Job, in_flight: Op | None, lost_node: str, placement: Placement
     job.op, job.moving_to = None, None
     job.incarnation += 1  # fences the copy on the lost node, should it come back
     lost = why or f"node {lost_node} was lost"
-    if job.here:  # the supervisor of its `--here` command starts it again, not Ferry (or it would run twice)
+    if job.supervised_elsewhere:  # its own supervisor (`--here`, adopted) starts it again, or it runs twice
         if job.last_checkpoint:
             job.state, job.parked_by = JobState.PREEMPTED, "user"
-            job.reason = (f"{lost} while it ran in the foreground of a `--here` command: "
-                          f"`ferry restore {job.name} --here` continues it from {job.last_checkpoint}")
+            job.reason = (f"{lost} while it ran under its own supervisor (`--here` or adopted): "
+                          f"`ferry restore {job.name} [--here]` continues it from {job.last_checkpoint}")
         else:
-            job.state, job.error = JobState.FAILED, f"{lost} while it ran in the foreground of a `--here` command"
+            job.state = JobState.FAILED
+            job.error = f"{lost} while it ran under its own supervisor (`--here` or adopted)"
             job.reason = "no checkpoint: its supervisor starts it again"
         s.save_job("failover", job.reason)
         return s

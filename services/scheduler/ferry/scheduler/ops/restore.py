@@ -36,6 +36,7 @@ def begin(job: Job, op: Op, *, target: str, checkpoint: str, pinned: bool, here:
     s = Step.of(job, op)
     job, op = s.job, s.op
     job.state, job.op, job.node, job.here = JobState.RESTORING, op.id, target, here
+    job.adopt_pid = None  # restored by Ferry: no longer the process another supervisor started
     job.incarnation += 1
     job.kill_requested = False
     job.exit_code = None

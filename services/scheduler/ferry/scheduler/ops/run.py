@@ -98,14 +98,19 @@ def on_exited(job: Job, op: Op | None, kill_op: Op | None, ev: wire.NodeEvent, n
     ``live_move.on_target_exited``). `op`: the op in flight; `kill_op`: the kill waiting for it."""
     s = Step.of(job, op or no_op(job))
     job = s.job
+    unknown = ev.exit_code is None and ev.signal is None  # an adopted process whose parent reaped it first
     code = ev.exit_code if ev.exit_code is not None else 128 + (ev.signal or 0)
-    job.exit_code = code
+    job.exit_code = None if unknown else code
     if job.kill_requested:
         job.state = JobState.KILLED
+    elif unknown:
+        job.state = JobState.ENDED
+        job.reason = "its exit status went to its own parent (it was adopted) before Ferry could read it"
     else:
         job.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     job.op, job.kill_op = None, None
-    detail = f"exit code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
+    detail = ("exit status unknown" if unknown else f"exit code {ev.exit_code}" if ev.exit_code is not None
+              else f"signal {ev.signal}")
     s.save_job("exited", detail)
     if kill_op is not None and (done := ended(kill_op, now, job=job)) is not None:
         s.effects.append(SaveOp(done))
