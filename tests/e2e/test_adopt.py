@@ -11,6 +11,7 @@ import subprocess
 import psutil
 import pytest
 
+from tests.cgroups import cgroup_of, cgroup_root, scratch_cgroup
 from tests.conftest import PY, Cluster, wait_until
 from tests.e2e.test_errors import one_line_error
 
@@ -27,25 +28,29 @@ def read_lines(pipe: subprocess.Popen[str], n: int) -> list[str]:
 
 def test_an_adopted_process_is_checkpointed_where_it_runs_and_restored_on_another_node(cluster: Cluster) -> None:
     c = cluster
-    proc = subprocess.Popen([PY, "-c", COUNTER], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        seen = read_lines(proc, 10)
-        job = c.json("adopt", str(proc.pid), "--name", "adopted", "--node", "node-1")
-        assert (job["state"], job["node"], job["adopt_pid"], job["adopted"]) == ("running", "node-1", proc.pid, True)
-        assert "adopted          process" in c.ferry("status", "adopted").stdout
-        c.json("checkpoint", "adopted")  # leave-running: it goes on as this test's child, in its session
-        seen += read_lines(proc, 10)
-        assert psutil.Process(proc.pid).ppid() == os.getpid() and os.getsid(proc.pid) == proc.pid
-        refused = one_line_error(c.ferry("migrate", "adopted", "--to", "node-2", check=False), 1)
-        assert "its own supervisor" in refused, refused
-        final = c.json("checkpoint", "adopted", "--stop")
-        assert final["final"]
-        assert proc.wait(timeout=60) == -9, "the final checkpoint ends the process where it ran"
-        assert proc.stdout is not None
-        seen += proc.stdout.read().splitlines(keepends=True)
-    finally:
-        proc.kill()
-        proc.wait()
+    with scratch_cgroup() as cg:
+        proc = subprocess.Popen([PY, "-c", COUNTER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            seen = read_lines(proc, 10)
+            (cg / "cgroup.procs").write_text(str(proc.pid))  # as a SLURM step's cgroup holds its tree
+            job = c.json("adopt", str(proc.pid), "--name", "adopted", "--node", "node-1", "--cgroup", str(cg))
+            assert (job["state"], job["node"], job["adopt_pid"], job["adopted"]) == (
+                "running", "node-1", proc.pid, True)
+            assert "adopted          process" in c.ferry("status", "adopted").stdout
+            c.json("checkpoint", "adopted")  # leave-running: it goes on where it was
+            seen += read_lines(proc, 10)
+            assert psutil.Process(proc.pid).ppid() == os.getpid() and os.getsid(proc.pid) == proc.pid
+            assert cgroup_of(proc.pid, cgroup_root()) == f"/{cg.name}"
+            refused = one_line_error(c.ferry("migrate", "adopted", "--to", "node-2", check=False), 1)
+            assert "its own supervisor" in refused, refused
+            final = c.json("checkpoint", "adopted", "--stop")
+            assert final["final"]
+            assert proc.wait(timeout=60) == -9, "the final checkpoint ends the process where it ran"
+            assert proc.stdout is not None
+            seen += proc.stdout.read().splitlines(keepends=True)
+        finally:
+            proc.kill()
+            proc.wait()
     assert c.json("status", "adopted")["state"] == "preempted"
 
     c.json("restore", "adopted", "--node", "node-2")  # from here on it is Ferry's: its output is the job's
@@ -68,6 +73,24 @@ def test_an_adopted_process_that_ends_reports_its_exit_status(cluster: Cluster) 
     finally:
         proc.kill()
     assert proc.wait() == 5, "Ferry took the exit status from its real parent"
+
+
+def test_a_cgroup_must_hold_exactly_the_adopted_tree(cluster: Cluster) -> None:
+    one = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        with scratch_cgroup() as cg, scratch_cgroup() as empty:
+            for proc in (one, other):
+                (cg / "cgroup.procs").write_text(str(proc.pid))
+            for where, says in ((cg, f"outside the tree of {one.pid} ({other.pid})"), (empty, "is not in the cgroup")):
+                line = one_line_error(cluster.ferry("adopt", str(one.pid), "--cgroup", str(where), "--name",
+                                                    "adopt-cg", "--node", "node-1", check=False), 2)
+                assert says in line, line
+            assert "adopt-cg" not in {j["name"] for j in cluster.json("ps", "-a")}
+    finally:
+        for proc in (one, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_processes_ferry_cannot_adopt_are_refused_before_anything_starts(cluster: Cluster) -> None:

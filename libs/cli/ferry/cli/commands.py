@@ -72,7 +72,7 @@ def validate_here(args: argparse.Namespace) -> None:
 def validate_adopt(args: argparse.Namespace) -> None:
     """`ferry adopt PID`: the process must be adoptable (``ferry.node.adopt``), checked here on its
     machine before anything is contacted; its command line and folder become the job's."""
-    from ferry.node.adopt import adopt_problem  # psutil loads only for adopt
+    from ferry.node.adopt import adopt_problem, cgroup_problem  # psutil loads only for adopt
 
     args.node = args.node or os.environ.get("FERRY_NODE_ID", "")
     if not args.node:
@@ -87,6 +87,8 @@ def validate_adopt(args: argparse.Namespace) -> None:
             break
         ours.add(pid)
     problem = adopt_problem(args.pid, callers=ours)
+    if problem is None and args.cgroup:
+        problem = cgroup_problem(args.pid, args.cgroup)
     if problem is not None:
         raise UsageError(f"cannot adopt {args.pid}: {problem}")
     try:

@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pid", type=int, help="the process to adopt (a SLURM step's, a container's, a shell's child)")
     p.add_argument("--name", help="job name (default: generated)")
     p.add_argument("--node", help="the node this machine is (default: FERRY_NODE_ID)")
+    p.add_argument("--cgroup", metavar="PATH", help="the cgroup the tree runs in (a SLURM step's, say): refused "
+                   "unless it holds exactly the process and its descendants, which a checkpoint takes whole")
 
     p = add("checkpoint", "checkpoint a running job into the store")
     p.add_argument("job")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
+from pathlib import Path
 
 import psutil
 
 from ferry.criu.linux import ns_pids
 
-__all__ = ["adopt_problem", "is_ferry_process", "stdio_pipes"]
+__all__ = ["adopt_problem", "cgroup_problem", "is_ferry_process", "stdio_pipes"]
 
 _FERRY_MODULES = ("ferry.criu.shim", "ferry.scheduler", "ferry.checkpointer", "ferry.migrator", "ferry.health",
                   "ferry.pricing", "ferry.api", "ferry.cli", "ferry.sim")
@@ -59,6 +60,27 @@ def adopt_problem(pid: int, *, ours: Collection[int] = (), callers: Collection[i
     if len(spaces) > 1 and spaces[-1] != 1:
         return (f"process {pid} shares a PID namespace with processes outside its tree (it is PID {spaces[-1]} "
                 f"there): CRIU dumps a PID namespace whole, so adopt that namespace's init")
+    return None
+
+
+def cgroup_problem(pid: int, cgroup: str) -> str | None:
+    """Why `cgroup` (a folder with cgroup.procs, a SLURM step's say) is not exactly the tree of
+    `pid`, or None: a dump takes the tree, so a process of the cgroup outside it would be left
+    behind, and `pid` must be in it."""
+    try:
+        members = {int(p) for p in Path(cgroup, "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return f"--cgroup {cgroup}: not a cgroup (no readable cgroup.procs)"
+    if pid not in members:
+        return f"process {pid} is not in the cgroup {cgroup}"
+    try:
+        tree = {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return f"no process {pid} on this machine"
+    outside = sorted(members - tree)
+    if outside:
+        return (f"the cgroup {cgroup} holds processes outside the tree of {pid} ({', '.join(map(str, outside[:5]))}): "
+                f"a checkpoint would leave them behind; adopt their common ancestor")
     return None
 
 
