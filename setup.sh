@@ -23,7 +23,7 @@ case "${1:-}" in
 esac
 TORCH=torch==2.13.0
 # Debian packages the setup installs (besides CRIU's build dependencies, listed in install-criu.sh)
-PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck)
+PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc umoci busybox-static)
 PIP_LOG=.venv/pip.log
 pip_install() {  # pip's chatter goes to a log, shown when pip fails
     .venv/bin/python -m pip install -q "$@" >"$PIP_LOG" 2>&1 || { tail -25 "$PIP_LOG" >&2; return 1; }

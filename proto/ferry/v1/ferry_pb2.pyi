@@ -345,6 +345,8 @@ class SubmitJobRequest(google.protobuf.message.Message):
     NETWORK_FIELD_NUMBER: builtins.int
     HERE_FIELD_NUMBER: builtins.int
     ADOPT_PID_FIELD_NUMBER: builtins.int
+    BUNDLE_FIELD_NUMBER: builtins.int
+    IMAGE_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -373,6 +375,10 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """node hands the start to the caller, whose own supervisor owns restarts
     `ferry adopt`: watch and checkpoint this running process on `node` instead
     """
+    bundle: builtins.str
+    """an OCI runtime bundle (folder with config.json) to run with runc"""
+    image: builtins.str
+    """an OCI image: oci:LAYOUT_DIR[:TAG] or oci-archive:TAR[:TAG]"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -398,8 +404,10 @@ class SubmitJobRequest(google.protobuf.message.Message):
         network: builtins.str = ...,
         here: builtins.bool = ...,
         adopt_pid: builtins.int = ...,
+        bundle: builtins.str = ...,
+        image: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -696,6 +704,8 @@ class Job(google.protobuf.message.Message):
     HERE_FIELD_NUMBER: builtins.int
     ADOPT_PID_FIELD_NUMBER: builtins.int
     ADOPTED_FIELD_NUMBER: builtins.int
+    BUNDLE_FIELD_NUMBER: builtins.int
+    IMAGE_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -731,6 +741,10 @@ class Job(google.protobuf.message.Message):
     """the adopted process it is (0: Ferry started or restored it)"""
     adopted: builtins.bool
     """it was adopted once: its dumps take its foreign session along (--shell-job)"""
+    bundle: builtins.str
+    """the OCI bundle it runs from (a container job)"""
+    image: builtins.str
+    """the OCI image it runs from (a container job)"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -774,8 +788,10 @@ class Job(google.protobuf.message.Message):
         here: builtins.bool = ...,
         adopt_pid: builtins.int = ...,
         adopted: builtins.bool = ...,
+        bundle: builtins.str = ...,
+        image: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 

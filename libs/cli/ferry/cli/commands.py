@@ -129,7 +129,15 @@ def validate_run(args: argparse.Namespace) -> None:
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
         "network": args.network, "here": args.here,
+        "bundle": os.path.abspath(args.bundle) if args.bundle else "", "image": args.image or "",
     })
+    if args.bundle or args.image:  # bad input is refused here, before anything starts
+        from ferry.criu.container import check_bundle, check_image
+
+        if args.bundle:
+            check_bundle(args.request.bundle)
+        else:
+            check_image(args.image)
     if not os.path.isdir(cwd):
         raise UsageError(f"--cwd {cwd}: no such directory")
 

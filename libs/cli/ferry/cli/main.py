@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="isolated: a network namespace of the job's own, loopback only, checkpointed with the job "
                         "(its TCP connections included); host (the default): the node's network, whose ports a "
                         "restore may find taken")
+    p.add_argument("--bundle", metavar="DIR", help="run an OCI runtime bundle (a folder with config.json) with "
+                   "runc: its root filesystem, mounts and namespaces; the command after -- replaces its args")
+    p.add_argument("--image", metavar="REF", help="run an OCI image with runc: oci:/LAYOUT_DIR[:TAG] or "
+                   "oci-archive:/FILE.tar[:TAG] (unpacked by umoci on the node; no registry is used)")
     add_here_arguments(p, "run here, in the foreground, as a child of this command (what a SLURM step or a "
                           "container runtime calls): its output is this command's, it ends with the job's exit "
                           "status; needs --node (or FERRY_NODE_ID) naming this machine's node")

@@ -37,7 +37,8 @@ FLAGS = {
     "checkpoint_every_s": "--checkpoint-every", "priority": "--priority", "cpus": "--cpus",
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
-    "network": "--network", "here": "--here", "adopt_pid": "PID",
+    "network": "--network", "here": "--here", "adopt_pid": "PID", "bundle": "--bundle",
+    "image": "--image",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -65,6 +66,23 @@ class JobRequest(BaseModel):
     network: str = ""  # empty: host (see Network)
     here: bool = False  # in the foreground of the caller, on `node`
     adopt_pid: int = Field(0, ge=0, le=1 << 22)  # `ferry adopt`: the running process on `node` (0: none)
+    bundle: str = Field("", max_length=PATH_MAX)  # an OCI runtime bundle on the node
+    image: str = Field("", max_length=PATH_MAX)  # oci:DIR[:TAG] or oci-archive:TAR[:TAG] on the node
+
+    @field_validator("bundle")
+    @classmethod
+    def _bundle(cls, v: str) -> str:
+        if v and (not v.startswith("/") or "\0" in v):
+            raise ValueError("give the bundle's absolute path")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        kind, sep, path = v.partition(":")
+        if v and (kind not in ("oci", "oci-archive") or not sep or not path.startswith("/") or "\0" in v):
+            raise ValueError("use oci:/LAYOUT_DIR[:TAG] or oci-archive:/FILE.tar[:TAG] (no registry is reachable)")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -137,7 +155,8 @@ class JobRequest(BaseModel):
             deadline=now + self.deadline_s if self.deadline_s else None,
             max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
-            network=Network(self.network or Network.HOST), here=self.here, adopt_pid=self.adopt_pid or None)
+            network=Network(self.network or Network.HOST), here=self.here, adopt_pid=self.adopt_pid or None,
+            bundle=self.bundle or None, image=self.image or None)
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:
@@ -146,6 +165,10 @@ def check_request(fields: dict[str, Any]) -> JobRequest:
         request = JobRequest.model_validate(fields)
     except ValidationError as exc:
         raise UsageError(_one_line(exc.errors()[0], fields)) from None
+    if request.bundle and request.image:
+        raise UsageError("give --bundle or --image, not both")
+    if (request.bundle or request.image) and request.network == Network.ISOLATED.value:
+        raise UsageError("--network: a container has the network its bundle's config.json gives it")
     if request.adopt_pid and not request.node:
         raise UsageError("adopt: say which node the process runs on with --node NODE (or FERRY_NODE_ID)")
     if request.adopt_pid and request.here:

@@ -93,6 +93,12 @@ class Job(Record):
     # restored it); `adopted` stays: its session leader is not in its tree, so dumps use --shell-job
     adopt_pid: int | None = None
     adopted: bool = False
+    bundle: str | None = None  # an OCI container (runc): the bundle it was started from, or
+    image: str | None = None  # the image (its own copy of either travels with its checkpoints)
+
+    @property
+    def container(self) -> bool:
+        return bool(self.bundle or self.image)
 
     @property
     def supervised_elsewhere(self) -> bool:

@@ -125,6 +125,8 @@ class JobSpec(Record):
     network: Network = Network.HOST
     here: bool = False
     adopt_pid: int | None = None
+    bundle: str | None = None
+    image: str | None = None
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""

@@ -45,6 +45,7 @@ async def launch(
     incarnation: int,
     hide: Sequence[str | os.PathLike[str]] = (),
     network: str = "host",
+    container: bool = False,
     here: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -69,6 +70,8 @@ async def launch(
         for path in hide:
             cmd += ["--hide", os.fspath(path)]
         cmd += ["--network", network]
+        if container:  # <job dir>/bundle, with runc (ferry.criu.container)
+            cmd.append("--container")
         cmd += ["--", *argv]
         if here:
             return await _hand_off(job_dir, here, cmd, "launch", incarnation, timeout_s, LaunchFailed, log_path=None)
@@ -101,6 +104,7 @@ async def restore(
     incarnation: int,
     criu_bin: str = "criu",
     criu_args: Sequence[str] = (),
+    container: bool = False,
     here: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -120,6 +124,8 @@ async def restore(
     cmd += ["--incarnation", str(incarnation), "--images", str(images_dir), "--criu", criu]
     for local, original in inherit.items():
         cmd += ["--inherit", f"{local}={original}"]
+    if container:
+        cmd.append("--container")
     if here:  # CRIU would put the tree back into the cgroups it was dumped in: it stays in the caller's
         criu_args = [*criu_args, HERE_CGROUPS]
     cmd += [f"--criu-arg={arg}" for arg in criu_args]

@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from ferry.common.errors import UsageError
+from ferry.criu import container
 from ferry.criu.binary import find_criu
 from ferry.criu.external import is_external_key
 from ferry.criu.handoff import HandoffReply, write_reply
@@ -84,6 +86,7 @@ class LaunchPlan:
     env: dict[str, str]
     hide: tuple[str, ...] = ()
     network: str = "host"
+    container: bool = False  # run <job dir>/bundle with runc (ferry.criu.container)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class RestorePlan:
     inherit: list[tuple[Path, str]]
     criu: str
     criu_args: tuple[str, ...] = ()
+    container: bool = False
 
 
 # -- validation (in the starter) -----------------------------------------------------------------
@@ -131,6 +135,10 @@ def _load_env(path: str | None) -> dict[str, str]:
 
 
 def plan_launch(ns: argparse.Namespace, argv: list[str]) -> LaunchPlan:
+    if ns.container:  # the command and its folder are the bundle's (ferry.criu.container)
+        if not (container.bundle_of(JobDir(ns.job_dir)) / "config.json").is_file():
+            raise Refused(f"--container: no bundle in {ns.job_dir}")
+        return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, "", "/", {}, container=True)
     if not argv:
         raise Refused("no command given (expected: launch ... -- ARGV...)")
     cwd = os.path.abspath(ns.cwd) if ns.cwd else os.getcwd()
@@ -167,7 +175,7 @@ def plan_restore(ns: argparse.Namespace) -> RestorePlan:
         if not local.is_file():
             raise Refused(f"--inherit file {local} does not exist")
         inherit.append((local, original))
-    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu, tuple(ns.criu_arg))
+    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu, tuple(ns.criu_arg), ns.container)
 
 
 # -- detaching -----------------------------------------------------------------------------------
@@ -372,6 +380,10 @@ def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
 
 
 def monitor_launch(plan: LaunchPlan, report: Report) -> int:
+    if plan.container:
+        pidfile = plan.job_dir.path / "container.pid"
+        return _monitor_container(plan.job_dir, plan.incarnation, container.run_command(plan.job_dir, pidfile),
+                                  pidfile, "launch", report)
     unshare(CLONE_NEWPID)
     r, w = os.pipe()  # close-on-exec: EOF without data means the exec succeeded
     pid = os.fork()
@@ -397,6 +409,11 @@ def monitor_launch(plan: LaunchPlan, report: Report) -> int:
 
 
 def monitor_restore(plan: RestorePlan, report: Report) -> int:
+    if plan.container:
+        pidfile = plan.job_dir.path / "container.pid"
+        return _monitor_container(plan.job_dir, plan.incarnation,
+                                  container.restore_command(plan.job_dir, plan.images, pidfile), pidfile, "restore",
+                                  report)
     log_path = plan.images / RESTORE_LOG
     log_path.unlink(missing_ok=True)  # never blame a failure on an older run's log
     pidfile = plan.job_dir.path / "restore.pid"
@@ -429,6 +446,63 @@ def monitor_restore(plan: RestorePlan, report: Report) -> int:
     pid = int(pidfile.read_text().strip())
     _started(plan.job_dir, report, pid, plan.incarnation, "restore")
     return _wait_workload(plan.job_dir, pid, plan.incarnation)
+
+
+# -- containers ----------------------------------------------------------------------------------
+
+
+def _monitor_container(job_dir: JobDir, incarnation: int, command: list[str], pidfile: Path,
+                       mode: Literal["launch", "restore"], report: Report) -> int:
+    """runc starts (or restores) the container detached; its init is reparented to this monitor
+    (a subreaper), which copies its stdout and stderr pipes into the job's output files."""
+    pidfile.unlink(missing_ok=True)
+    container.runc_log(job_dir).unlink(missing_ok=True)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    log.info("running %s", " ".join(command))
+    try:
+        rc = subprocess.run(command, stdin=devnull, stdout=out_w, stderr=err_w, check=False).returncode
+    finally:
+        for fd in (out_w, err_w, devnull):
+            os.close(fd)
+    # what a dump's post-dump script needs to wait until these pipes are copied out (ferry.criu.container)
+    (job_dir.path / container.RELAY_FILE).write_text(json.dumps({"pid": os.getpid(), "fds": [out_r, err_r]}))
+    relays = [_Relay(out_r, job_dir.stdout), _Relay(err_r, job_dir.stderr)]
+    for relay in relays:
+        relay.start()
+    if rc != 0:
+        error = container.runc_error(job_dir, f"runc exited {rc}")
+        log.error("runc %s failed: %s", mode, error)
+        report({"ok": False, "error": f"runc {'run' if mode == 'launch' else 'restore'} failed: {error}"})
+        _reap_all()
+        return 1
+    pid = int(pidfile.read_text().strip())
+    _started(job_dir, report, pid, incarnation, mode)
+    code = _wait_workload(job_dir, pid, incarnation)
+    done = subprocess.run(container.delete_command(job_dir), capture_output=True, check=False)
+    if done.returncode != 0:
+        log.warning("runc delete: %s", container.runc_error(job_dir, str(done.returncode)))
+    for relay in relays:
+        relay.join(10)
+    return code
+
+
+class _Relay(threading.Thread):
+    """Copies a pipe into an output file until every writer is gone."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.path = fd, path
+
+    def run(self) -> None:
+        out = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while chunk := os.read(self.fd, 65536):
+                os.write(out, chunk)
+        finally:
+            os.close(out)
+            os.close(self.fd)
 
 
 # -- adopt ---------------------------------------------------------------------------------------
@@ -496,6 +570,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="a folder the workload must not see (repeat)")
             p.add_argument("--network", choices=["host", "isolated"], default="host",
                            help="isolated: a network namespace of the workload's own, loopback only")
+            p.add_argument("--container", action="store_true", help="run the job folder's OCI bundle with runc")
         elif mode == "adopt":
             p.add_argument("--pid", type=int, required=True, help="the process to watch (it is not our child)")
         else:
@@ -504,6 +579,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--criu", default="criu")
             p.add_argument("--criu-arg", action="append", default=[], metavar="ARG",
                            help="one more option for criu restore (repeat)")
+            p.add_argument("--container", action="store_true", help="restore the job folder's OCI bundle with runc")
     return parser
 
 

@@ -27,6 +27,7 @@ from ferry.common import wire
 from ferry.common.config import Settings
 from ferry.common.models import CheckpointRecord
 from ferry.common.tracing import tracer
+from ferry.criu import container
 from ferry.criu.errors import CriuError, DumpFailed, ImageError
 from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
@@ -241,7 +242,8 @@ class CheckpointPipeline:
             with _tracer.start_as_current_span("criu.dump") as span:
                 # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
                 # if the upload fails the job simply continues.
-                dump = await self.criu.dump(pid, images, leave_running=not cmd.stop,
+                dump = await container.checkpoint(jd, images, final=cmd.stop) \
+                    if job.container else await self.criu.dump(pid, images, leave_running=not cmd.stop,
                                             record_sizes=[jd.stdout, jd.stderr],
                                             extra_args=[*(["--leave-stopped"] if cmd.stop else []),
                                                         *job_criu_args(job.network, cmd.options.criu_args,

@@ -22,10 +22,11 @@ from ferry.checkpointer.pipeline import CheckpointPipeline
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
-from ferry.common.errors import ConfigError, FerryError
+from ferry.common.errors import ConfigError, FerryError, UsageError
 from ferry.common.models import TERMINAL_STATES, Node, NodeState
 from ferry.common.sealing import SealError, open_env, read_key
 from ferry.common.service import service_main
+from ferry.criu.container import prepare_bundle
 from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import adopt, launch
@@ -281,10 +282,13 @@ class Checkpointer(LiveSource, NodeService):
             env = workload_env(open_env(job.env, self.env_key(), job.tenant))
             if job.gpu_uuids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
+            if job.container:  # the job's own bundle; the container's environment is the image's plus --env
+                await asyncio.to_thread(prepare_bundle, jd, bundle=job.bundle, image=job.image, argv=job.argv,
+                                        env=open_env(job.env, self.env_key(), job.tenant))
             info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation,
                                 hide=hidden_from_jobs(self.settings, self.scratch_dir), network=job.network.value,
-                                here=job.name if job.here else None)
-        except (LaunchFailed, SealError, ConfigError) as exc:
+                                container=job.container, here=job.name if job.here else None)
+        except (LaunchFailed, SealError, ConfigError, UsageError, OSError) as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
             return

@@ -16,6 +16,7 @@ from ferry.common import wire
 from ferry.common.errors import FerryError
 from ferry.common.service import service_main
 from ferry.common.tracing import tracer
+from ferry.criu.container import rebuild_bundle, work_dir_of
 from ferry.criu.errors import CriuError
 from ferry.criu.launch import restore
 from ferry.criu.runner import job_criu_args
@@ -86,12 +87,14 @@ class Migrator(LiveTarget, NodeService):
             jd.clear_run_state()
             for name in ("stdout", "stderr"):
                 shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
+            if job.container:  # its bundle as it was at the checkpoint, writable layer included
+                await asyncio.to_thread(rebuild_bundle, jd, images)
             with _tracer.start_as_current_span("criu.restore"):
                 info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},
                                      incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                      criu_args=job_criu_args(cmd.job.network, cmd.options.criu_args,
                                                              adopted=cmd.job.adopted),
-                                     here=job.name if job.here else None)
+                                     container=job.container, here=job.name if job.here else None)
             if gpu is not None:
                 with _tracer.start_as_current_span("cuda.restore"):
                     await resume_after_restore(info.pid, default_checkpointer(), device_map(gpu[0].uuids, gpu[1]))
@@ -107,6 +110,7 @@ class Migrator(LiveTarget, NodeService):
             return
         finally:
             shutil.rmtree(images, ignore_errors=True)
+            shutil.rmtree(work_dir_of(images, "restore"), ignore_errors=True)  # a container's (runc's CRIU logs)
         restore_ms = (time.monotonic() - t0) * 1000
         await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id, incarnation=cmd.incarnation,
                                          op=cmd.op, pid=info.pid, restore_ms=restore_ms))

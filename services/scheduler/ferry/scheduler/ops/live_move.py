@@ -60,6 +60,8 @@ def precopy_done(shipped: list[int], max_rounds: int = MAX_ROUNDS) -> bool:
 
 
 def refuse_live(job: Job) -> None:
+    if job.container:
+        raise ConflictError(f"job {job.name} is a container: live moves of containers are not built; drop --live")
     if job.gpu_uuids:
         raise ConflictError(f"job {job.name} uses GPUs: CUDA state cannot be served lazily; drop --live")
 
