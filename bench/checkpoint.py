@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/checkpoint.py [--mib 1024] [--dirty-pct 5] [--repeat 3] [--json PATH]
                                          [--data-dir DIR] [--interval S] [--no-drop-caches] [--keep]
+                                         [--containers [--container-mib 64]]
 
 It starts its own ``ferry up --nodes 2`` (a free gRPC port, data under a fresh directory) and, for
 each repeat, two identical ``memhog.py --mib M --dirty-pct P`` processes: one launched for raw CRIU
@@ -173,6 +174,10 @@ class Cluster:
         if r.returncode != 0:
             raise BenchError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
         return wall, json.loads(r.stdout)
+
+    def logs(self, job: str) -> str:
+        r = subprocess.run([FERRY, "logs", job], env=self.env, capture_output=True, text=True, check=False)
+        return r.stdout
 
     def job_stdout(self, node: str, job_id: str) -> Path:
         return self.data_dir / "nodes" / node / "jobs" / job_id / "stdout"
@@ -488,6 +493,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the small unrecorded round that warms both paths first")
     p.add_argument("--keep", action="store_true", help="keep the run directory (logs, store) for inspection")
+    p.add_argument("--containers", action="store_true", help="also compare `ferry checkpoint` of a container "
+                   "(`ferry run --bundle`) with a raw `runc checkpoint` of an identical one (bench/containerbench.py)")
+    p.add_argument("--container-mib", type=int, default=64, help="memory the containers hold (default 64)")
     args = p.parse_args(argv)
     if args.mib < 1 or args.repeat < 1 or not 0 < args.dirty_pct <= 100:
         p.error("need --mib >= 1, --repeat >= 1 and 0 < --dirty-pct <= 100")
@@ -526,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{last['ferry_checkpoint']['wall_s']:.2f} s; restore raw {last['raw_restore']['wall_s']:.2f} s, "
                       f"ferry {last['ferry_restore']['wall_s']:.2f} s; incremental "
                       f"{last['ferry_checkpoint']['incremental_fraction']:.1%}", file=sys.stderr, flush=True)
+            containers = None
+            if args.containers:
+                import containerbench  # runc and the busybox bundle load only for --containers
+
+                print(f"containers ({args.container_mib} MiB) ...", file=sys.stderr, flush=True)
+                containers = containerbench.run(cluster, run_dir, args.container_mib, args.repeat,
+                                                lambda job: cluster.logs(job))
             cli_floor = [cluster.ferry("nodes")[0] for _ in range(3)]
             mach = machine(run_dir)
         finally:
@@ -542,11 +557,16 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": time.monotonic() - started,
         "samples": samples,
         "summary": summarize(samples),
+        "containers": containers,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
+    if containers is not None:
+        import containerbench
+
+        print("\n".join(containerbench.markdown(containers)))
     return 0
 
 

@@ -9,7 +9,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-TOOLS = ("sh", "echo", "sleep", "cat", "wc", "seq", "ls")
+TOOLS = ("sh", "echo", "sleep", "cat", "wc", "seq", "ls", "head", "tr")
 
 
 def make_rootfs(rootfs: Path) -> None:

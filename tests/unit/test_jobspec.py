@@ -106,6 +106,19 @@ def test_a_here_job_names_its_node() -> None:
         check_request({"argv": ["true"], "here": True})
 
 
+def test_a_container_names_a_bundle_or_a_local_image() -> None:
+    spec = check_request({"argv": ["sh"], "image": "oci-archive:/srv/app.tar:v1"}).to_spec("n", now=0, env=SealedEnv())
+    assert (spec.image, spec.bundle) == ("oci-archive:/srv/app.tar:v1", None)
+    job = spec.to_job("job-1", "op-1")
+    assert job.container and not job.adopted
+    assert refused(image="docker.io/busybox").startswith("bad --image")
+    assert refused(bundle="relative/dir").startswith("bad --bundle")
+    with pytest.raises(UsageError, match="not both"):
+        check_request({"argv": ["sh"], "image": "oci:/l", "bundle": "/b"})
+    with pytest.raises(UsageError, match="--network"):
+        check_request({"argv": ["sh"], "bundle": "/b", "network": "isolated"})
+
+
 def test_every_dump_and_restore_of_an_isolated_job_keeps_its_connections() -> None:
     assert job_criu_args("host") == ()
     assert job_criu_args("isolated") == ("--tcp-established", "--network-lock", "nftables")
