@@ -52,3 +52,26 @@ def test_a_bus_that_never_takes_it_fails_the_step(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(effects, "SEND_RETRY_S", 0.2)
     with pytest.raises(BusError):
         asyncio.run(Effects(State(FlakyBus(failures=10_000))).send("migrator", command()))  # type: ignore[arg-type]
+
+
+async def test_a_node_only_late_with_its_heartbeat_gets_time_before_a_restore_is_refused() -> None:
+    """After a full disk or a bus outage a node may beat late once; a user's restore waits for it
+    (at most the heartbeat timeout) instead of failing, and any other reason refuses at once."""
+    from ferry.common.config import Settings
+    from ferry.common.errors import ConflictError
+    from ferry.common.models import Job
+    from ferry.scheduler.service import Scheduler
+
+    sched = object.__new__(Scheduler)
+    sched.settings = Settings(heartbeat_timeout_s=2.0)
+    answers = [(None, "no usable node: node-1: node node-1 has not sent a heartbeat for 6s"), ("node-1", "")]
+
+    async def pick(job: Job, wanted: str | None, exclude: str | None = None) -> tuple[str | None, str]:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    sched.pick_node = pick  # type: ignore[method-assign]
+    job = Job(id="job-1", name="b", argv=["x"])
+    assert await sched._target(job, None) == "node-1"
+    answers[:] = [(None, "no usable node: node-1: node node-1 is draining")]
+    with pytest.raises(ConflictError, match="is draining"):
+        await sched._target(job, None)

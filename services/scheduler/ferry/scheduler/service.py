@@ -12,6 +12,7 @@ message id, so a redelivered message after a crash repeats nothing.
 import asyncio
 import contextlib
 import logging
+import time
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -23,6 +24,7 @@ from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, Plain, Resto
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.policy import decisions as policy
+from ferry.policy.placement import LATE_HEARTBEAT
 from ferry.policy.views import gpu_assignments, job_view, node_views, wants_live
 from ferry.scheduler.control import ControlLoop
 from ferry.scheduler.effects import Effects
@@ -34,6 +36,7 @@ from ferry.sim.faults import take_live_fault
 
 log = logging.getLogger(__name__)
 _tracer = tracer("scheduler")
+LATE_RETRY_S = 0.25
 
 
 class Scheduler(Service):
@@ -297,12 +300,19 @@ class Scheduler(Service):
         return record
 
     async def _target(self, job: Job, node_id: str | None, exclude: str | None = None) -> str:
+        """The node a user's restore or move goes to. A node that is only late with its heartbeat
+        (busy with a big checkpoint, or reconnecting to the bus) gets the time health gives it
+        before it is refused: the user's request waits rather than fails on a node that is fine."""
         if node_id:
             await self.state.node(node_id)  # NotFoundError for an unknown node
-        target, why = await self.pick_node(job, node_id, exclude=exclude)
-        if target is None:
-            raise ConflictError(f"cannot place job {job.name}: {why}")
-        return target
+        deadline = time.monotonic() + self.settings.heartbeat_timeout_s
+        while True:
+            target, why = await self.pick_node(job, node_id, exclude=exclude)
+            if target is not None:
+                return target
+            if LATE_HEARTBEAT not in why or time.monotonic() >= deadline:
+                raise ConflictError(f"cannot place job {job.name}: {why}")
+            await asyncio.sleep(LATE_RETRY_S)
 
     async def send_node(self, job: Job, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
         assert cmd.job.node == job.node
