@@ -70,8 +70,16 @@ async def test_a_node_only_late_with_its_heartbeat_gets_time_before_a_restore_is
         return answers.pop(0) if len(answers) > 1 else answers[0]
 
     sched.pick_node = pick  # type: ignore[method-assign]
+    reread: list[bool] = []
+
+    class State:
+        async def reread_nodes(self) -> None:
+            reread.append(True)
+
+    sched.state = State()  # type: ignore[assignment]
     job = Job(id="job-1", name="b", argv=["x"])
     assert await sched._target(job, None) == "node-1"
+    assert reread, "the scheduler's copy of the nodes was not read again"
     answers[:] = [(None, "no usable node: node-1: node node-1 is draining")]
     with pytest.raises(ConflictError, match="is draining"):
         await sched._target(job, None)

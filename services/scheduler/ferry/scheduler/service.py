@@ -313,6 +313,8 @@ class Scheduler(Service):
             if LATE_HEARTBEAT not in why or time.monotonic() >= deadline:
                 raise ConflictError(f"cannot place job {job.name}: {why}")
             await asyncio.sleep(LATE_RETRY_S)
+            with contextlib.suppress(FerryError):  # this copy of the nodes may be what is late
+                await self.state.reread_nodes()
 
     async def send_node(self, job: Job, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
         assert cmd.job.node == job.node

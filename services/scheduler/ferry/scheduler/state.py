@@ -57,6 +57,11 @@ class ClusterState:
             raise NotFoundError(f"no node {node_id!r}: `ferry nodes` lists them")
         return node
 
+    async def reread_nodes(self) -> None:
+        """Reads the nodes from the bucket again: after a NATS restart the watch may have missed
+        heartbeats, and a node would look silent that is not."""
+        await self._nodes.resync()
+
     def noted_node(self, node: Node, revision: int) -> None:
         """A node record the scheduler wrote itself (compare-and-set)."""
         self._nodes.note(node.id, node, revision)
