@@ -91,13 +91,30 @@ def test_a_spec_becomes_a_job_with_every_field_it_carries() -> None:
         assert getattr(job, field) == getattr(spec, field), field
 
 
-def test_a_network_is_isolated_or_host() -> None:
+def test_a_network_is_bridge_isolated_or_host() -> None:
     assert check_request({"argv": ["true"], "network": "isolated"}).to_spec(
         "n", now=0, env=SealedEnv()).network == Network.ISOLATED
     assert check_request({"argv": ["true"]}).to_spec("n", now=0, env=SealedEnv()).network == Network.HOST
-    assert refused(network="bridge") == ("bad --network 'bridge': bridge networks are not built yet: "
-                                         "use isolated (loopback only) or host")
+    spec = check_request({"argv": ["true"], "network": "bridge", "publish": ["8080:80", "53:5353/udp"]}).to_spec(
+        "n", now=0, env=SealedEnv())
+    assert spec.network == Network.BRIDGE
+    assert [str(m) for m in spec.publish] == ["8080:80/tcp", "53:5353/udp"]
     assert refused(network="lan").startswith("bad --network 'lan': unknown network 'lan'")
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"network": "bridge", "publish": ["80"]}, "--publish '80': use HOST_PORT:JOB_PORT[/tcp|udp], e.g. 8080:80"),
+    ({"network": "bridge", "publish": ["70000:80"]}, "--publish '70000:80': ports are 1 to 65535"),
+    ({"network": "bridge", "publish": ["80:80/sctp"]}, "--publish '80:80/sctp': use HOST_PORT:JOB_PORT"),
+    ({"network": "bridge", "publish": ["80:1", "80:2"]}, "bad --publish: host port 80/tcp is given twice"),
+    ({"publish": ["80:80"]}, "--publish needs --network bridge"),
+    ({"network": "bridge", "image": "oci:/x"}, "--network: a container has the network its bundle's"),
+    ({"network": "bridge", "here": True, "node": "n1"}, "--network bridge: a job run --here or adopted"),
+])
+def test_published_ports_are_checked(fields: dict[str, object], error: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        check_request({"argv": ["true"], **fields})
+    assert str(caught.value).startswith(error)
 
 
 def test_a_here_job_names_its_node() -> None:

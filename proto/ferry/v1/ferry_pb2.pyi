@@ -347,6 +347,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     ADOPT_PID_FIELD_NUMBER: builtins.int
     BUNDLE_FIELD_NUMBER: builtins.int
     IMAGE_FIELD_NUMBER: builtins.int
+    PUBLISH_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -368,7 +369,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     gpu_shared: builtins.bool
     """may share GPUs with other jobs that also allow it"""
     network: builtins.str
-    """"isolated" (own network namespace, loopback only) or "host"; empty: host"""
+    """"bridge" (own namespace and address), "isolated" (loopback only) or "host"; empty: host"""
     here: builtins.bool
     """run in the foreground of the caller on `node` (`ferry run --here`): the"""
     adopt_pid: builtins.int
@@ -383,6 +384,10 @@ class SubmitJobRequest(google.protobuf.message.Message):
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
     def env(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]: ...
+    @property
+    def publish(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """network "bridge": HOST_PORT:JOB_PORT[/tcp|udp], the node's port reaching the job's"""
+
     def __init__(
         self,
         *,
@@ -406,8 +411,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         adopt_pid: builtins.int = ...,
         bundle: builtins.str = ...,
         image: builtins.str = ...,
+        publish: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -706,6 +712,8 @@ class Job(google.protobuf.message.Message):
     ADOPTED_FIELD_NUMBER: builtins.int
     BUNDLE_FIELD_NUMBER: builtins.int
     IMAGE_FIELD_NUMBER: builtins.int
+    ADDRESS_FIELD_NUMBER: builtins.int
+    PUBLISH_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -745,6 +753,8 @@ class Job(google.protobuf.message.Message):
     """the OCI bundle it runs from (a container job)"""
     image: builtins.str
     """the OCI image it runs from (a container job)"""
+    address: builtins.str
+    """network "bridge": its address in the cluster's job range, wherever it runs"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -752,6 +762,10 @@ class Job(google.protobuf.message.Message):
     @property
     def gpu_uuids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """the GPUs assigned on its node (CUDA_VISIBLE_DEVICES)"""
+
+    @property
+    def publish(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """network "bridge": its published ports, HOST:JOB/PROTO"""
 
     def __init__(
         self,
@@ -790,8 +804,10 @@ class Job(google.protobuf.message.Message):
         adopted: builtins.bool = ...,
         bundle: builtins.str = ...,
         image: builtins.str = ...,
+        address: builtins.str = ...,
+        publish: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 

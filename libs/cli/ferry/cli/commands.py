@@ -128,7 +128,7 @@ def validate_run(args: argparse.Namespace) -> None:
         "gpu_model": args.gpu_model or "",
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
-        "network": args.network, "here": args.here,
+        "network": args.network, "here": args.here, "publish": getattr(args, "publish", []),
         "bundle": os.path.abspath(args.bundle) if args.bundle else "", "image": args.image or "",
     })
     if args.bundle or args.image:  # bad input is refused here, before anything starts
@@ -268,10 +268,18 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if job.here:
         print(f"{'here':16} in the foreground of a `--here` command on {job.node}, whose supervisor restarts it")
     network = job.network or "host"
-    print(f"{'network':16} {network}" + (" (its sockets bind the node's addresses; a restore may find its ports "
-                                           "taken)" if network == "host" else " (loopback only, checkpointed "
-                                                                                 "with the job)"))
+    print(f"{'network':16} {network}" + _network_note(network, job.address))
+    if job.publish:
+        print(f"{'published':16} {', '.join(job.publish)} (on the node it runs on)")
     return 0
+
+
+def _network_note(network: str, address: str) -> str:
+    if network == "host":
+        return " (its sockets bind the node's addresses; a restore may find its ports taken)"
+    if network == "bridge":
+        return f" (address {address or 'not allocated yet'}, kept on every node; checkpointed with the job)"
+    return " (loopback only, checkpointed with the job)"
 
 
 def cmd_checkpoints(client: Client, args: argparse.Namespace) -> int:

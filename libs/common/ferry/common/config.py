@@ -13,7 +13,8 @@ from pydantic import ByteSize, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ferry.common.cluster import NodeSpec
-from ferry.common.errors import ConfigError
+from ferry.common.errors import ConfigError, UsageError
+from ferry.common.jobnet import DEFAULT_RANGE, check_range
 
 NoticeProvider = Literal["aws", "gcp", "azure"]
 
@@ -47,6 +48,13 @@ class Settings(BaseSettings):
     page_tls_cert: Path | None = None
     page_tls_key: Path | None = None
     page_tls_ca: Path | None = None
+    # bridge-network jobs (ferry.common.jobnet): the cluster's address range (the scheduler allocates
+    # from it; every node's bridge carries its first address), the network namespace that holds a
+    # node's bridge (empty: the node service's own; `ferry up` gives each simulated node one), and
+    # the address the other nodes route this node's jobs to (empty: node_ip)
+    job_network: str = DEFAULT_RANGE
+    node_netns: str = ""
+    net_ip: str = ""
     keep_checkpoints: int = Field(default=0, ge=0)  # per job, newest kept; 0 keeps all (then unused chunks go)
     scratch_dir: str = ""  # node services: where images are staged (default: /dev/shm if tmpfs, else work dir)
     disk_reserve: ByteSize = ByteSize(256 << 20)  # node services: kept free in scratch and a local store
@@ -77,6 +85,14 @@ class Settings(BaseSettings):
         """Only what the caller passes: load_settings reads the file and the FERRY_* variables
         itself, with the forms a variable takes ("aws=URL,gcp=URL", comma-separated lists, JSON)."""
         return (init_settings,)
+
+    @field_validator("job_network")
+    @classmethod
+    def _job_network(cls, value: str) -> str:
+        try:
+            return str(check_range(value))
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("node_spec", mode="before")
     @classmethod

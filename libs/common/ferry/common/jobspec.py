@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ferry.common.errors import UsageError
+from ferry.common.jobnet import parse_publish
 from ferry.common.models import DEFAULT_TENANT, Network
 from ferry.common.sealing import SealedEnv
 from ferry.common.units import format_bytes
@@ -29,6 +30,7 @@ GPUS_MAX = 1024
 BYTES_MAX = 1 << 50  # 1 PiB
 PRIORITY_MAX = 1_000_000
 DURATION_MAX = 10 * 365 * 86400.0  # ten years
+PUBLISH_MAX = 64  # published ports of one job
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -38,7 +40,7 @@ FLAGS = {
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
     "network": "--network", "here": "--here", "adopt_pid": "PID", "bundle": "--bundle",
-    "image": "--image",
+    "image": "--image", "publish": "--publish",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -68,6 +70,18 @@ class JobRequest(BaseModel):
     adopt_pid: int = Field(0, ge=0, le=1 << 22)  # `ferry adopt`: the running process on `node` (0: none)
     bundle: str = Field("", max_length=PATH_MAX)  # an OCI runtime bundle on the node
     image: str = Field("", max_length=PATH_MAX)  # oci:DIR[:TAG] or oci-archive:TAR[:TAG] on the node
+    publish: list[str] = Field(default_factory=list, max_length=PUBLISH_MAX)  # HOST:JOB[/tcp|udp], bridge only
+
+    @field_validator("publish")
+    @classmethod
+    def _publish(cls, v: list[str]) -> list[str]:
+        maps = [parse_publish(p) for p in v]  # UsageError: its own message, one line
+        seen: set[tuple[str, int]] = set()
+        for m in maps:
+            if (m.proto, m.host) in seen:
+                raise ValueError(f"host port {m.host}/{m.proto} is given twice")
+            seen.add((m.proto, m.host))
+        return [str(m) for m in maps]
 
     @field_validator("bundle")
     @classmethod
@@ -129,10 +143,9 @@ class JobRequest(BaseModel):
     @field_validator("network")
     @classmethod
     def _network(cls, v: str) -> str:
-        if v == "bridge":
-            raise ValueError("bridge networks are not built yet: use isolated (loopback only) or host")
         if v and v not in {n.value for n in Network}:
-            raise ValueError(f"unknown network {v!r}: use isolated (loopback only) or host (the node's)")
+            raise ValueError(f"unknown network {v!r}: use bridge (an address of its own), isolated (loopback "
+                             "only) or host (the node's)")
         return v
 
     @field_validator("gpu_model")
@@ -156,7 +169,8 @@ class JobRequest(BaseModel):
             max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
             network=Network(self.network or Network.HOST), here=self.here, adopt_pid=self.adopt_pid or None,
-            bundle=self.bundle or None, image=self.image or None)
+            bundle=self.bundle or None, image=self.image or None,
+            publish=[parse_publish(p) for p in self.publish])
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:
@@ -167,8 +181,12 @@ def check_request(fields: dict[str, Any]) -> JobRequest:
         raise UsageError(_one_line(exc.errors()[0], fields)) from None
     if request.bundle and request.image:
         raise UsageError("give --bundle or --image, not both")
-    if (request.bundle or request.image) and request.network == Network.ISOLATED.value:
+    if (request.bundle or request.image) and request.network in (Network.ISOLATED.value, Network.BRIDGE.value):
         raise UsageError("--network: a container has the network its bundle's config.json gives it")
+    if request.publish and request.network != Network.BRIDGE.value:
+        raise UsageError("--publish needs --network bridge (the job's own address, which the node's port reaches)")
+    if request.network == Network.BRIDGE.value and (request.here or request.adopt_pid):
+        raise UsageError("--network bridge: a job run --here or adopted has the network its caller gave it")
     if request.adopt_pid and not request.node:
         raise UsageError("adopt: say which node the process runs on with --node NODE (or FERRY_NODE_ID)")
     if request.adopt_pid and request.here:

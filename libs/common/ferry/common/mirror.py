@@ -26,13 +26,14 @@ _DELETES = ("DEL", "PURGE")
 
 
 class Mirror(Generic[M]):
-    def __init__(self, table: Table[M], *, resync_s: float = RESYNC_S) -> None:
+    def __init__(self, table: Table[M], *, resync_s: float = RESYNC_S, changed: asyncio.Event | None = None) -> None:
         self.table = table
         self.resync_s = resync_s
         self._records: dict[str, tuple[int, M]] = {}
         self._noted: set[str] = set()  # keys written since the last resync began
         self._task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # every record has been read at least once
+        self.changed = changed or asyncio.Event()  # set on each change the watch delivers (the reader clears it)
 
     async def start(self) -> None:
         """Reads the bucket and starts following it; returns once every record is here."""
@@ -105,6 +106,7 @@ class Mirror(Generic[M]):
                     continue
                 if entry.operation in _DELETES or entry.value is None:
                     self.forget(entry.key, entry.revision or 0)
+                    self.changed.set()
                     continue
                 try:
                     record = wire.decode(self.table.model, entry.value)
@@ -114,6 +116,7 @@ class Mirror(Generic[M]):
                 if first_pass:
                     initial.add(entry.key)
                 self.note(entry.key, record, entry.revision or 0)
+                self.changed.set()
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ferry.common.jobnet import PortMap
 from ferry.common.opargs import OpArgs, Plain
 from ferry.common.record import Record
 from ferry.common.sealing import SealedEnv
@@ -28,6 +29,14 @@ class Network(StrEnum):
 
     HOST = "host"  # the node's own network: its ports are the node's, a restore may find them taken
     ISOLATED = "isolated"  # a network namespace of its own with loopback only; dumped and restored with the job
+    # its own namespace too, with an address of the cluster's job range (kept wherever it runs) on
+    # a veth to its node's bridge, NAT to the outside and published ports (ferry.common.jobnet)
+    BRIDGE = "bridge"
+
+    @property
+    def own_namespace(self) -> bool:
+        """The job's sockets live in a namespace of its own, dumped and restored with it."""
+        return self is not Network.HOST
 
 
 class JobState(StrEnum):
@@ -95,6 +104,8 @@ class Job(Record):
     adopted: bool = False
     bundle: str | None = None  # an OCI container (runc): the bundle it was started from, or
     image: str | None = None  # the image (its own copy of either travels with its checkpoints)
+    address: str | None = None  # --network bridge: its address in the cluster's job range, for its life
+    publish: list[PortMap] = Field(default_factory=list)  # --network bridge: node ports that reach it
 
     @property
     def container(self) -> bool:
@@ -132,6 +143,8 @@ class Node(Record):
     labels: dict[str, str] = Field(default_factory=dict)
     jobs: list[str] = Field(default_factory=list)
     address: str = ""
+    net_ip: str | None = None  # where the other nodes route its bridge-network jobs (None: it has no job network)
+    net_error: str | None = None  # why it has none
     price_per_hour: float = 0.0
     spot: bool = False
     gpus: int = 0

@@ -17,6 +17,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from ferry.common.errors import FerryError
+from ferry.common.jobnet import PortMap
 from ferry.common.models import DEFAULT_TENANT, CheckpointRecord, Job, Network, OpKind, new_id, now
 from ferry.common.moves import LiveReport, NodeOptions, PageSource
 from ferry.common.record import Record
@@ -127,6 +128,7 @@ class JobSpec(Record):
     adopt_pid: int | None = None
     bundle: str | None = None
     image: str | None = None
+    publish: list[PortMap] = Field(default_factory=list)
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""

@@ -21,7 +21,8 @@ def job_to_pb(job: Job) -> pb.Job:
         max_downtime_s=job.max_downtime_s or 0.0, gpu_model=job.gpu_model or "", gpu_memory_bytes=job.gpu_memory_bytes,
         gpu_uuids=job.gpu_uuids, network=job.network.value, here=job.here,
         adopt_pid=job.adopt_pid or 0, adopted=job.adopted,
-        bundle=job.bundle or "", image=job.image or "",
+        bundle=job.bundle or "", image=job.image or "", address=job.address or "",
+        publish=[str(m) for m in job.publish],
     )
 
 

@@ -19,11 +19,13 @@ from opentelemetry import trace
 
 from ferry.common import wire
 from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError, kind_of
-from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, Op, OpKind, now
+from ferry.common.jobnet import allocate
+from ferry.common.models import CheckpointRecord, Event, Job, JobState, Network, Node, Op, OpKind, now
 from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, Plain, RestoreArgs
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
 from ferry.policy import decisions as policy
+from ferry.policy.netplan import published_conflict, with_job_network
 from ferry.policy.placement import LATE_HEARTBEAT
 from ferry.policy.views import gpu_assignments, job_view, node_views, wants_live
 from ferry.scheduler.control import ControlLoop
@@ -156,7 +158,14 @@ class Scheduler(Service):
                                         f"{other.state}); pick another name")
             if spec.node:
                 await self.state.node(spec.node)
-            created = run.submit(spec, job_id, op)
+            address = None
+            if spec.network == Network.BRIDGE:
+                others = await self.state.jobs()
+                problem = published_conflict(spec.publish, others)
+                if problem:
+                    raise UsageError(problem)
+                address = allocate(self.settings.job_network, (j.address for j in others if j.address))
+            created = run.submit(spec, job_id, op, address=address)
             await self.effects.apply(created)
             job = created.job
         accepted = run.accept(job, op)
@@ -178,6 +187,8 @@ class Scheduler(Service):
         others = [j for j in await self.state.jobs() if j.id != job.id]
         nodes = await self.state.nodes()
         views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
+        if job.network == Network.BRIDGE:
+            views = with_job_network(views, nodes)
         gpu_fit = gpu_assignments(job, nodes, others)
         jv = job_view(job, t)
         if wanted:

@@ -15,8 +15,11 @@ from ferry.common.models import Job, JobState, Op, OpKind, OpState
 from ferry.scheduler.ops.step import Placement, SaveOp, Step, ended, next_checkpoint_at, no_op
 
 
-def submit(spec: wire.JobSpec, job_id: str, op: Op) -> Step:
-    s = Step.of(spec.to_job(job_id, op.id), op)
+def submit(spec: wire.JobSpec, job_id: str, op: Op, *, address: str | None = None) -> Step:
+    """``address``: a bridge-network job's, allocated by the shell (``ferry.common.jobnet``)."""
+    job = spec.to_job(job_id, op.id)
+    job.address = address
+    s = Step.of(job, op)
     s.save_job("submitted")
     return s
 
