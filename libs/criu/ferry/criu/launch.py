@@ -24,6 +24,7 @@ from ferry.criu.errors import CriuError, CriuMissing, LaunchFailed, RestoreFaile
 from ferry.criu.handoff import FOREGROUND_FLAG, Handoff, offer
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.runner import RESTORE_LOG
+from ferry.criu.veth import JobLink
 
 __all__ = ["adopt", "launch", "restore"]
 
@@ -45,6 +46,7 @@ async def launch(
     incarnation: int,
     hide: Sequence[str | os.PathLike[str]] = (),
     network: str = "host",
+    link: JobLink | None = None,
     container: bool = False,
     here: str | None = None,
     python: str = sys.executable,
@@ -55,7 +57,7 @@ async def launch(
 
     Each folder of ``hide`` that exists is out of the workload's sight (an empty tmpfs over it in
     the job's mount namespace). ``network`` "isolated" gives it a network namespace of its own
-    with loopback only.
+    with loopback only; "bridge" that and ``link``, a veth to the node's bridge (``ferry.criu.veth``).
 
     ``env`` is the workload's whole environment (its PATH finds the command); ``cwd`` None means
     the caller's. Raises LaunchFailed (command not found, bad cwd, exec failure, ...).
@@ -70,6 +72,12 @@ async def launch(
         for path in hide:
             cmd += ["--hide", os.fspath(path)]
         cmd += ["--network", network]
+        if network == "bridge":
+            if link is None:
+                raise LaunchFailed("a bridge-network job needs its link (address, gateway, veth name)")
+            cmd += ["--address", link.address, "--gateway", link.gateway, "--host-if", link.host_if]
+            if link.node_netns:
+                cmd += ["--node-netns", link.node_netns]
         if container:  # <job dir>/bundle, with runc (ferry.criu.container)
             cmd.append("--container")
         cmd += ["--", *argv]
@@ -106,11 +114,13 @@ async def restore(
     criu_args: Sequence[str] = (),
     container: bool = False,
     here: str | None = None,
+    node_netns: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ShimInfo:
     """Restore the images under a detached shim (``criu_args``: more options for ``criu restore``;
-    ``here``: under the job's ``--here`` caller, as for ``launch``).
+    ``here``: under the job's ``--here`` caller, as for ``launch``; ``node_netns``: where CRIU
+    runs, for a bridge-network job whose veth must land on the node's bridge).
 
     ``inherit`` maps a file in the job directory (e.g. "stdout", rebuilt by the caller at the
     size recorded by the dump) to the absolute path the dumped process had open. Raises
@@ -126,6 +136,8 @@ async def restore(
         cmd += ["--inherit", f"{local}={original}"]
     if container:
         cmd.append("--container")
+    if node_netns:
+        cmd += ["--node-netns", node_netns]
     if here:  # CRIU would put the tree back into the cgroups it was dumped in: it stays in the caller's
         criu_args = [*criu_args, HERE_CGROUPS]
     cmd += [f"--criu-arg={arg}" for arg in criu_args]

@@ -64,6 +64,7 @@ class ArmedRestore:
         criu_args: Sequence[str],
         criu_bin: str = "criu",
         python: str = sys.executable,
+        node_netns: str | None = None,
     ) -> None:
         criu = find_criu(criu_bin)
         if criu is None:
@@ -75,6 +76,8 @@ class ArmedRestore:
         for local, original in inherit.items():
             cmd += ["--inherit", f"{local}={original}"]
         cmd += [f"--criu-arg={arg}" for arg in criu_args]
+        if node_netns:  # a bridge-network job's veth lands on this node's bridge (ferry.criu.veth)
+            cmd += ["--node-netns", node_netns]
         self.cmd = cmd
         self._proc: asyncio.subprocess.Process | None = None
         self._tail: asyncio.Future[tuple[bytes, bytes]] | None = None

@@ -45,6 +45,7 @@ from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.progress import last_write
 from ferry.criu.runner import DUMP_LOG, DUMP_MOUNTS
 from ferry.criu.sizes import read_sizes, write_size_script
+from ferry.criu.veth import HostEnd
 
 __all__ = ["Frozen", "LazySource"]
 
@@ -88,8 +89,10 @@ class LazySource:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         extra_args: tuple[str, ...] = (),
         tls_args: tuple[str, ...] = (),
+        host_end: HostEnd | None = None,
     ) -> None:
         self.job_dir = job_dir
+        self.host_end = host_end  # a bridge-network job's veth (ferry.criu.veth.HostEnd says why)
         self.pid = pid
         self.tls_args = tls_args  # the page server's TLS (ferry.criu.lazy_common.tls_args)
         self.images = Path(images).absolute()
@@ -154,6 +157,8 @@ class LazySource:
         # The tree is frozen: its output files have their final sizes and times.
         self.stopped = tree_pids(self.pid)
         signal_all(self.stopped, signal.SIGSTOP)  # takes effect when CRIU detaches
+        if self.host_end is not None:
+            await asyncio.to_thread(self.host_end.set_up, False)
         script.unlink(missing_ok=True)
         freeze_ms = frozen_ms_from_log(self.dump.log_path)
         if freeze_ms is None:
@@ -172,6 +177,11 @@ class LazySource:
         if rc != 0:
             log.warning("criu dump exited %s after the transfer; see %s", rc, self.dump.log_path)
         pids = tree_pids(self.pid) or [self.pid]
+        if self.host_end is not None:
+            try:
+                await asyncio.to_thread(self.host_end.delete)
+            except OSError as exc:
+                log.warning("live move: the source's veth: %s", exc)
         signal_all(pids, signal.SIGKILL)
         deadline = time.monotonic() + END_TIMEOUT_S
         while not is_gone(self.pid):
@@ -193,6 +203,11 @@ class LazySource:
             await self._abort_page_server()  # refused until it listens, and once a client connected
             with contextlib.suppress(TimeoutError):
                 await self.dump.wait(0.1)
+        if self.host_end is not None:
+            try:
+                await asyncio.to_thread(self.host_end.set_up, True)
+            except OSError as exc:
+                log.warning("live move undone: the job's veth did not come up again: %s", exc)
         if self.stopped:
             signal_all(self.stopped, signal.SIGCONT)
             deadline = time.monotonic() + 2.0

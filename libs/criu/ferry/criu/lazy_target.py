@@ -67,6 +67,7 @@ class LazyTarget:
         extra_args: tuple[str, ...] = (),
         op: str | None = None,
         tls_args: tuple[str, ...] = (),
+        node_netns: str | None = None,
     ) -> None:
         self.tls_args = tls_args  # to the source's page server (ferry.criu.lazy_common.tls_args)
         criu = find_criu(criu_bin)
@@ -82,7 +83,8 @@ class LazyTarget:
                                 exit_file=job_dir.path / f"lazy-pages-{incarnation}.rc")
         self.record: LiveTargetRecord | None = None
         self.restore = ArmedRestore(job_dir, self.images, inherit=inherit, incarnation=incarnation,
-                                    criu_args=["--lazy-pages", *extra_args], criu_bin=criu, python=python)
+                                    criu_args=["--lazy-pages", *extra_args], criu_bin=criu, python=python,
+                                    node_netns=node_netns)
         self.shim: ShimInfo | None = None
         self.watch: FirstWrite | None = None
         self.lazy_start_ms = 0.0

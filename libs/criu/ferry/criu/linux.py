@@ -32,6 +32,7 @@ __all__ = [
     "process_tree",
     "reset_signals",
     "set_child_subreaper",
+    "setns",
     "unshare",
 ]
 
@@ -88,6 +89,15 @@ def _check(ret: int, what: str) -> None:
 def unshare(flags: int) -> None:
     """unshare(2). With CLONE_NEWPID the caller's next child is PID 1 of a new PID namespace."""
     _check(_libc().unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(path: str, flags: int) -> None:
+    """setns(2) into the namespace at ``path`` (for CLONE_NEWPID: where the caller's next children go)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc().setns(ctypes.c_int(fd), ctypes.c_int(flags)), f"setns {path}")
+    finally:
+        os.close(fd)
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:

@@ -38,14 +38,14 @@ def job_criu_args(network: str, requested: Sequence[str] = (), *, adopted: bool 
     """CRIU's options for each dump and restore of an operation on a job (every pre-copy round of
     a live move included): the operation's own (``--tcp-established`` where the user keeps the
     connections of a host-network job) plus its network's: a job with a network namespace of its
-    own (``--network isolated``) takes it along, so its TCP connections (both ends in the tree) are
+    own (``--network isolated|bridge``) takes it along, so its TCP connections (both ends in the tree) are
     dumped and restored as they are. With TCP connections the namespace is locked with nftables
     (CRIU links libnftables; its default, iptables, needs a binary Debian no longer has). A job that
     was adopted (``ferry adopt``) has its session leader outside its tree: ``--shell-job``."""
     args = list(requested)
     if adopted and "--shell-job" not in args:
         args.append("--shell-job")
-    if network == "isolated" and "--tcp-established" not in args:
+    if network in ("isolated", "bridge") and "--tcp-established" not in args:
         args.append("--tcp-established")
     if "--tcp-established" in args and "--network-lock" not in args:
         args += ["--network-lock", "nftables"]

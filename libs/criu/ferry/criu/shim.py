@@ -1,10 +1,12 @@
 """The per-job monitor (like podman's conmon): ``python -m ferry.criu.shim launch|restore ...``.
 
     python -m ferry.criu.shim launch --job-dir D --incarnation K [--cwd DIR] [--env-json FILE] \
-        [--hide DIR ...] [--network host|isolated] -- ARGV...
+        [--hide DIR ...] [--network host|isolated|bridge --address A --gateway G --host-if N
+        [--node-netns PATH]] -- ARGV...
     python -m ferry.criu.shim adopt --job-dir D --incarnation K --pid PID
     python -m ferry.criu.shim restore --job-dir D --incarnation K --images IMGDIR \
-        --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN] [--criu-arg ARG ...]
+        --inherit FILE_IN_D=ORIGINAL_ABS_PATH|file[MNT:INODE] ... [--criu BIN] [--criu-arg ARG ...] \
+        [--node-netns PATH]
 
 Processes:
 
@@ -60,10 +62,12 @@ from ferry.criu.linux import (
     private_dev,
     reset_signals,
     set_child_subreaper,
+    setns,
     unshare,
 )
 from ferry.criu.logs import failure_summary
 from ferry.criu.runner import RESTORE_LOG, CriuRunner
+from ferry.criu.veth import JobLink, attach, enter
 
 __all__ = ["main"]
 
@@ -87,6 +91,7 @@ class LaunchPlan:
     hide: tuple[str, ...] = ()
     network: str = "host"
     container: bool = False  # run <job dir>/bundle with runc (ferry.criu.container)
+    link: JobLink | None = None  # network "bridge": the veth the monitor makes (ferry.criu.veth)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class RestorePlan:
     criu: str
     criu_args: tuple[str, ...] = ()
     container: bool = False
+    node_netns: str | None = None  # criu restore runs there: a bridge-network job's veth lands on its bridge
 
 
 # -- validation (in the starter) -----------------------------------------------------------------
@@ -153,7 +159,12 @@ def plan_launch(ns: argparse.Namespace, argv: list[str]) -> LaunchPlan:
         for needed, what in ((cwd, "working directory"), (executable, "command")):
             if os.path.realpath(needed) == path or os.path.realpath(needed).startswith(path + "/"):
                 raise Refused(f"the job's {what} {needed} is inside {path}, which jobs must not see")
-    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env, hide, ns.network)
+    link = None
+    if ns.network == "bridge":
+        if not (ns.address and ns.gateway and ns.host_if):
+            raise Refused("--network bridge needs --address, --gateway and --host-if")
+        link = JobLink(ns.address, ns.gateway, ns.host_if, ns.node_netns or None)
+    return LaunchPlan(JobDir(ns.job_dir), ns.incarnation, argv, executable, cwd, env, hide, ns.network, link=link)
 
 
 def plan_restore(ns: argparse.Namespace) -> RestorePlan:
@@ -175,7 +186,10 @@ def plan_restore(ns: argparse.Namespace) -> RestorePlan:
         if not local.is_file():
             raise Refused(f"--inherit file {local} does not exist")
         inherit.append((local, original))
-    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu, tuple(ns.criu_arg), ns.container)
+    if ns.node_netns and not os.path.exists(ns.node_netns):
+        raise Refused(f"--node-netns {ns.node_netns} does not exist")
+    return RestorePlan(job_dir, ns.incarnation, images, inherit, criu, tuple(ns.criu_arg), ns.container,
+                       ns.node_netns or None)
 
 
 # -- detaching -----------------------------------------------------------------------------------
@@ -337,14 +351,20 @@ def _started(plan_dir: JobDir, report: Report, pid: int, incarnation: int,
 # -- launch --------------------------------------------------------------------------------------
 
 
-def _exec_workload(plan: LaunchPlan, errpipe: int) -> NoReturn:
-    """In the forked child (PID 1 of the new namespace): set up and exec, or report why not."""
+def _exec_workload(plan: LaunchPlan, errpipe: int, linked: tuple[int, int] | None = None) -> NoReturn:
+    """In the forked child (PID 1 of the new namespace): set up and exec, or report why not.
+    ``linked`` (a bridge network): pipes to say the namespace is there and to wait for its veth."""
     step = "start"
     try:
         os.setsid()
-        if plan.network == "isolated":
+        if plan.network in ("isolated", "bridge"):
             step = "make the job's own network"
             isolate_network()
+        if linked is not None:
+            step = "wait for the job's veth"
+            os.write(linked[0], b"n")
+            if os.read(linked[1], 1) != b"y":
+                raise OSError(0, "the monitor could not make it")
         step = "mount the job's own /proc"
         mount_own_proc()
         step = "make the job's own /dev"
@@ -384,13 +404,38 @@ def monitor_launch(plan: LaunchPlan, report: Report) -> int:
         pidfile = plan.job_dir.path / "container.pid"
         return _monitor_container(plan.job_dir, plan.incarnation, container.run_command(plan.job_dir, pidfile),
                                   pidfile, "launch", report)
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     unshare(CLONE_NEWPID)
     r, w = os.pipe()  # close-on-exec: EOF without data means the exec succeeded
+    linked = (os.pipe(), os.pipe()) if plan.link is not None else None  # (namespace made, veth made)
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _exec_workload(plan, w)
+        _exec_workload(plan, w, (linked[0][1], linked[1][0]) if linked else None)
     os.close(w)
+    # the monitor's later children (the ip commands) in its own PID namespace again, not the job's
+    setns(f"/proc/self/fd/{own_pid_ns}", CLONE_NEWPID)
+    os.close(own_pid_ns)
+    if linked is not None and plan.link is not None:
+        os.close(linked[0][1])
+        os.close(linked[1][0])
+        ready = os.read(linked[0][0], 1) == b"n"  # else the child failed before: its error follows
+        problem = None
+        if ready:
+            try:
+                attach(pid, plan.link)
+            except OSError as exc:
+                problem = str(exc)
+                log.error("the job's veth: %s", problem)
+        with contextlib.suppress(OSError):
+            os.write(linked[1][1], b"y" if ready and problem is None else b"n")
+        os.close(linked[1][1])
+        os.close(linked[0][0])
+        if problem is not None:
+            os.waitpid(pid, 0)
+            os.close(r)
+            report({"ok": False, "error": f"cannot give the job its network: {problem}"})
+            return 1
     chunks = []
     while chunk := os.read(r, 4096):
         chunks.append(chunk)
@@ -416,6 +461,8 @@ def monitor_restore(plan: RestorePlan, report: Report) -> int:
                                   report)
     log_path = plan.images / RESTORE_LOG
     log_path.unlink(missing_ok=True)  # never blame a failure on an older run's log
+    if plan.node_netns is not None:  # CRIU makes the node's end of the job's veth in its own namespace
+        enter(plan.node_netns)
     pidfile = plan.job_dir.path / "restore.pid"
     pidfile.unlink(missing_ok=True)  # CRIU creates it with O_EXCL
     fds: dict[int, str] = {}
@@ -568,8 +615,12 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--env-json")
             p.add_argument("--hide", action="append", default=[], metavar="DIR",
                            help="a folder the workload must not see (repeat)")
-            p.add_argument("--network", choices=["host", "isolated"], default="host",
-                           help="isolated: a network namespace of the workload's own, loopback only")
+            p.add_argument("--network", choices=["host", "isolated", "bridge"], default="host",
+                           help="isolated: a network namespace of the workload's own, loopback only; bridge: "
+                                "that and a veth to the node's bridge (ferry.criu.veth)")
+            p.add_argument("--address", help="bridge: the job's address")
+            p.add_argument("--gateway", help="bridge: the bridge's address")
+            p.add_argument("--host-if", help="bridge: the name of the node's end of the veth")
             p.add_argument("--container", action="store_true", help="run the job folder's OCI bundle with runc")
         elif mode == "adopt":
             p.add_argument("--pid", type=int, required=True, help="the process to watch (it is not our child)")
@@ -580,6 +631,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--criu-arg", action="append", default=[], metavar="ARG",
                            help="one more option for criu restore (repeat)")
             p.add_argument("--container", action="store_true", help="restore the job folder's OCI bundle with runc")
+        if mode in ("launch", "restore"):
+            p.add_argument("--node-netns", default="", help="the network namespace of the node's bridge")
     return parser
 
 

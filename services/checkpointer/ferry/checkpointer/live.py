@@ -32,6 +32,7 @@ from ferry.criu.lazy_source import LazySource
 from ferry.criu.linux import is_gone
 from ferry.criu.runner import job_criu_args
 from ferry.node.base import LOGS_DIR, NodeService, page_tls, snapshot_logs
+from ferry.node.bridge import host_end
 from ferry.node.procs import alive, signal_tree
 from ferry.store.errors import StoreError
 
@@ -91,7 +92,8 @@ class LiveSource(NodeService):
         shutil.rmtree(images, ignore_errors=True)
         source = LazySource(jd, shim.pid, images, criu_bin=self.settings.criu_bin, address=self.settings.node_ip,
                             tls_args=page_tls(self.settings),
-                            extra_args=job_criu_args(job.network, cmd.options.criu_args, adopted=job.adopted))
+                            extra_args=job_criu_args(job.network, cmd.options.criu_args, adopted=job.adopted),
+                            host_end=host_end(job, self.settings.node_netns))
         self.live[job.id] = source
         try:
             self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)

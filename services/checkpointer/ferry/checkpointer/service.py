@@ -23,6 +23,7 @@ from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
 from ferry.common.errors import ConfigError, FerryError, UsageError
+from ferry.common.mirror import Mirror
 from ferry.common.models import TERMINAL_STATES, Node, NodeState
 from ferry.common.sealing import SealError, open_env, read_key
 from ferry.common.service import service_main
@@ -44,8 +45,10 @@ from ferry.node.base import (
     read_meminfo_bytes,
     workload_env,
 )
+from ferry.node.bridge import NodeNetwork, job_link
 from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.procs import alive
+from ferry.policy.netplan import node_net_state
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,10 @@ class Checkpointer(LiveSource, NodeService):
         self.gpu_monitor = self.make_gpu_monitor()
         await asyncio.to_thread(self.gpu_monitor.start)
         self.gpu_report = GpuReport()
+        self.jobnet = NodeNetwork(self.settings.job_network, self.settings.node_netns)
+        self.net_error = await asyncio.to_thread(self.jobnet.ensure)
+        if self.net_error:
+            log.warning("no bridge network for jobs on this node: %s", self.net_error)
         await self.beat()
 
     async def run(self) -> None:
@@ -87,7 +94,37 @@ class Checkpointer(LiveSource, NodeService):
             self.heartbeat_loop(),
             self.exit_watch_loop(),
             self.notice_loop(),
+            self.jobnet_loop(),
         )
+
+    async def jobnet_loop(self) -> None:
+        """Follows the jobs and the nodes: this node's routes to the other nodes' bridge-network
+        jobs and the forwards of its own jobs' published ports (``ferry.policy.netplan``)."""
+        assert self.bus is not None
+        if self.net_error:
+            return
+        changed = asyncio.Event()
+        jobs, nodes = Mirror(self.bus.jobs, changed=changed), Mirror(self.bus.nodes, changed=changed)
+        await jobs.start()
+        await nodes.start()
+        try:
+            while not self.stopping.is_set():
+                changed.clear()
+                state = node_net_state(self.node_id, jobs.values(), nodes.values())
+                if state != self.jobnet.applied:
+                    try:
+                        await asyncio.to_thread(self.jobnet.apply, state)
+                    except OSError as exc:
+                        log.warning("the job network's routes and forwards: %s", exc)
+                        self.jobnet.applied = None  # try again on the next change
+                stop = asyncio.create_task(self.stopping.wait())
+                change = asyncio.create_task(changed.wait())
+                await asyncio.wait({stop, change}, return_when=asyncio.FIRST_COMPLETED)
+                for task in (stop, change):
+                    task.cancel()
+        finally:
+            await jobs.close()
+            await nodes.close()
 
     # ---- node record -----------------------------------------------------------------------
 
@@ -130,6 +167,8 @@ class Checkpointer(LiveSource, NodeService):
                     lazy_pages_error=self.lazy_pages_error(), cpus=spec.cpus, memory_bytes=spec.memory,
                     gpus=len(gpus), labels=spec.labels(), price_per_hour=spec.price_per_hour, spot=spec.spot,
                     jobs=list(local), address=str(self.work_dir), notice_deadline=self.notice_deadline,
+                    net_ip=None if self.net_error else (self.settings.net_ip or self.settings.node_ip),
+                    net_error=self.net_error,
                     gpu_list=[g.model_dump() for g in gpus], gpu_driver=inv.driver_version, gpu_error=inv.error,
                     gpu_conditions=[f"{c.kind} on GPU {c.gpu_index if c.gpu_index is not None else '-'}: {c.detail}"
                                     for c in self.gpu_report.conditions])
@@ -287,8 +326,9 @@ class Checkpointer(LiveSource, NodeService):
                                         env=open_env(job.env, self.env_key(), job.tenant))
             info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation,
                                 hide=hidden_from_jobs(self.settings, self.scratch_dir), network=job.network.value,
+                                link=job_link(job, self.settings.job_network, self.settings.node_netns),
                                 container=job.container, here=job.name if job.here else None)
-        except (LaunchFailed, SealError, ConfigError, UsageError, OSError) as exc:
+        except (LaunchFailed, SealError, ConfigError, UsageError, OSError, ValueError) as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
             return

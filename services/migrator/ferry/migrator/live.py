@@ -26,6 +26,7 @@ from ferry.criu.lazy_record import OrphanTarget
 from ferry.criu.lazy_target import LazyTarget
 from ferry.criu.runner import job_criu_args
 from ferry.node.base import LOGS_DIR, NodeService, page_tls
+from ferry.node.bridge import drop_stale_link, restore_options
 from ferry.node.procs import alive
 from ferry.store.errors import StoreError
 
@@ -100,11 +101,13 @@ class LiveTarget(NodeService):
         shutil.rmtree(images, ignore_errors=True)
         try:
             meta = (await asyncio.to_thread(self.store.read_manifest, job.id, cmd.checkpoint, job.tenant)).meta
+            net_args, node_netns = restore_options(job, self.settings.node_netns)
             target = LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                 tls_args=page_tls(self.settings),
                                 inherit={"stdout": str(meta["stdout_path"]), "stderr": str(meta["stderr_path"])},
-                                extra_args=job_criu_args(job.network, cmd.options.criu_args,
-                                                         adopted=job.adopted), op=cmd.op)
+                                extra_args=(*job_criu_args(job.network, cmd.options.criu_args,
+                                                           adopted=job.adopted), *net_args),
+                                op=cmd.op, node_netns=node_netns)
             await target.arm()
         except (StoreError, CriuError, OSError, KeyError, TimeoutError) as exc:
             log.warning("could not prepare the live restore of %s (it will be slower): %s", job.name, exc)
@@ -150,11 +153,14 @@ class LiveTarget(NodeService):
                 raise ValueError("the command names no page source")
             manifest = await asyncio.to_thread(self.store.read_manifest, pages.store_job, pages.images, job.tenant)
             images.mkdir(parents=True, exist_ok=True)
+            net_args, node_netns = restore_options(job, self.settings.node_netns)
+            await asyncio.to_thread(drop_stale_link, job, self.settings.node_netns)
             target = prepared or LazyTarget(jd, images, incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
                                             tls_args=page_tls(self.settings),
                                             inherit={"stdout": pages.stdout_path, "stderr": pages.stderr_path},
-                                            extra_args=job_criu_args(job.network, cmd.options.criu_args,
-                                                         adopted=job.adopted), op=cmd.op)
+                                            extra_args=(*job_criu_args(job.network, cmd.options.criu_args,
+                                                                       adopted=job.adopted), *net_args),
+                                            op=cmd.op, node_netns=node_netns)
             fetch = asyncio.to_thread(self.store.restore_files, manifest, images,
                                       reserve=int(self.settings.disk_reserve))
             # Python's start-up for the restore while the images come, unless prepared already

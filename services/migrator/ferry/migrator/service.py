@@ -26,6 +26,7 @@ from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.live import LiveTarget
 from ferry.node.base import LOGS_DIR, META_FILE, NODE_ACK_WAIT_S, NodeService
+from ferry.node.bridge import drop_stale_link, restore_options
 from ferry.node.procs import alive, wait_for_restores_of
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
 
@@ -89,12 +90,15 @@ class Migrator(LiveTarget, NodeService):
                 shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
             if job.container:  # its bundle as it was at the checkpoint, writable layer included
                 await asyncio.to_thread(rebuild_bundle, jd, images)
+            net_args, node_netns = restore_options(job, self.settings.node_netns)
+            await asyncio.to_thread(drop_stale_link, job, self.settings.node_netns)
             with _tracer.start_as_current_span("criu.restore"):
                 info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},
                                      incarnation=cmd.incarnation, criu_bin=self.settings.criu_bin,
-                                     criu_args=job_criu_args(cmd.job.network, cmd.options.criu_args,
-                                                             adopted=cmd.job.adopted),
-                                     container=job.container, here=job.name if job.here else None)
+                                     criu_args=(*job_criu_args(cmd.job.network, cmd.options.criu_args,
+                                                               adopted=cmd.job.adopted), *net_args),
+                                     container=job.container, here=job.name if job.here else None,
+                                     node_netns=node_netns)
             if gpu is not None:
                 with _tracer.start_as_current_span("cuda.restore"):
                     await resume_after_restore(info.pid, default_checkpointer(), device_map(gpu[0].uuids, gpu[1]))

@@ -1,0 +1,172 @@
+"""A node's side of the bridge network (``ferry.common.jobnet``): its bridge, NAT, routes and
+published ports, in the node's network namespace (``FERRY_NODE_NETNS``; empty: the service's own).
+
+    ensure()       the bridge (the range's first address, the shared gateway MAC), forwarding, no
+                   ICMP redirects (a job would then reach a same-node peer directly, and lose it
+                   when the peer moves: so ``net.ipv4.conf.all.send_redirects`` is 0 here), and
+                   the nftables table ``ferry_jobs``: masquerade for the range out of the node
+                   (not between jobs: a job sees its peers' own addresses, which move with them), and
+                   DNAT of published ports through two maps; a reason instead when it cannot (no
+                   root, the range overlaps one of the node's addresses)
+    apply(state)   the routes to the other nodes' jobs (``proto 77``, Ferry's own) and the maps'
+                   elements as ``ferry.policy.netplan.node_net_state`` computed them
+
+Everything survives a restart of the service: jobs keep running and so does their network; the
+next ``apply`` reconciles.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import shutil
+import subprocess
+
+from ferry.common.jobnet import BRIDGE, GATEWAY_MAC, check_range, gateway, host_if, overlapping
+from ferry.common.models import Job, Network
+from ferry.criu.veth import HostEnd, JobLink, restore_args
+from ferry.policy.netplan import NetState
+
+__all__ = ["ROUTE_PROTO", "TABLE", "NodeNetwork", "drop_stale_link", "host_end", "job_link", "restore_options"]
+
+log = logging.getLogger(__name__)
+
+TABLE = "ferry_jobs"
+NO_NETNS = "none"  # FERRY_NODE_NETNS of a node without a job network (ferry.cli.simnet)
+ROUTE_PROTO = "77"  # marks Ferry's routes: the ones it may replace and delete
+
+
+def job_link(job: Job, job_network: str, node_netns: str) -> JobLink | None:
+    """The veth a bridge-network job gets on this node (None for other networks)."""
+    if job.network != Network.BRIDGE:
+        return None
+    if not job.address:
+        raise ValueError(f"job {job.id} has no address in the job network")
+    return JobLink(job.address, gateway(job_network), host_if(job.id), node_netns or None)
+
+
+def host_end(job: Job, node_netns: str) -> HostEnd | None:
+    """The node's end of a bridge-network job's veth here (None for other networks)."""
+    return HostEnd(host_if(job.id), node_netns or None) if job.network == Network.BRIDGE else None
+
+
+def drop_stale_link(job: Job, node_netns: str) -> None:
+    """Before a restore here: a veth of the job's name is a leftover (the job does not run here; a
+    killed tree's closing sockets can keep its old namespace, and so the link, for minutes)."""
+    end = host_end(job, node_netns)
+    if end is not None:
+        end.delete()
+
+
+def restore_options(job: Job, node_netns: str) -> tuple[tuple[str, ...], str | None]:
+    """CRIU's extra restore options and the namespace it runs in, for ``job`` on this node."""
+    if job.network != Network.BRIDGE:
+        return (), None
+    return restore_args(host_if(job.id)), node_netns or None
+
+
+class CommandFailed(OSError):
+    pass
+
+
+class NodeNetwork:
+    def __init__(self, job_network: str, netns: str = "") -> None:
+        self.range = check_range(job_network)
+        self.cidr = str(self.range)
+        self.netns = netns or None
+        self.applied: NetState | None = None
+
+    # ---- commands ------------------------------------------------------------------------------
+
+    def _argv(self, argv: list[str]) -> list[str]:
+        if self.netns is None:
+            return argv
+        return [shutil.which("nsenter") or "/usr/bin/nsenter", f"--net={self.netns}", "--", *argv]
+
+    def _run(self, *argv: str, stdin: str | None = None, check: bool = True) -> str:
+        tool = shutil.which(argv[0], path="/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin")
+        if tool is None:
+            raise CommandFailed(f"{argv[0]} is missing: run ./setup.sh")
+        done = subprocess.run(self._argv([tool, *argv[1:]]), input=stdin, capture_output=True, text=True,
+                              timeout=30, check=False)
+        if check and done.returncode != 0:
+            raise CommandFailed(f"{' '.join(argv[:5])}: {done.stderr.strip() or f'exit {done.returncode}'}")
+        return done.stdout
+
+    def _sysctl(self, key: str, value: str) -> None:
+        self._run("sh", "-c", f"echo {value} > /proc/sys/{key.replace('.', '/')}")
+
+    # ---- the bridge and the table --------------------------------------------------------------
+
+    def addresses(self) -> list[tuple[str, str]]:
+        """(interface, ADDR/PREFIX) of every IPv4 address in the node's namespace."""
+        out = json.loads(self._run("ip", "-j", "-4", "addr", "show") or "[]")
+        return [(link.get("ifname", "?"), f"{a['local']}/{a['prefixlen']}")
+                for link in out for a in link.get("addr_info", []) if "local" in a]
+
+    def ensure(self) -> str | None:
+        """Sets up the bridge and the table; the reason when it cannot (None: ready)."""
+        if self.netns == NO_NETNS:
+            return "this simulated node has no network namespace of its own (see `ferry up`'s output)"
+        try:
+            problem = overlapping(self.cidr, self.addresses())
+            if problem:
+                return problem
+            gw = f"{gateway(self.cidr)}/{self.range.prefixlen}"
+            if self._run("ip", "link", "show", BRIDGE, check=False).strip() == "":
+                self._run("ip", "link", "add", BRIDGE, "type", "bridge")
+            self._run("ip", "link", "set", BRIDGE, "address", GATEWAY_MAC)
+            self._run("ip", "addr", "replace", gw, "dev", BRIDGE)
+            self._run("ip", "link", "set", BRIDGE, "up")
+            self._sysctl("net.ipv4.ip_forward", "1")
+            for conf in ("all", BRIDGE):  # the kernel sends redirects if either says so
+                self._sysctl(f"net.ipv4.conf.{conf}.send_redirects", "0")
+            # made afresh in one transaction (its maps are filled again by the next apply)
+            self._run("nft", "-f", "-", stdin=f"table ip {TABLE} {{}}\ndelete table ip {TABLE}\n" + self._table())
+            self.applied = None
+        except (CommandFailed, OSError, ValueError) as exc:
+            return f"the job network cannot be set up here: {exc}"
+        return None
+
+    def _table(self) -> str:
+        return (f"table ip {TABLE} {{\n"
+                "  map fwd_tcp { type inet_service : ipv4_addr . inet_service; }\n"
+                "  map fwd_udp { type inet_service : ipv4_addr . inet_service; }\n"
+                "  chain pre {\n"
+                "    type nat hook prerouting priority dstnat; policy accept;\n"
+                f'    iifname != "{BRIDGE}" fib daddr type local dnat ip to tcp dport map @fwd_tcp\n'
+                f'    iifname != "{BRIDGE}" fib daddr type local dnat ip to udp dport map @fwd_udp\n'
+                "  }\n"
+                "  chain out {\n"
+                "    type nat hook output priority -100; policy accept;\n"
+                "    fib daddr type local ip daddr != 127.0.0.0/8 dnat ip to tcp dport map @fwd_tcp\n"
+                "    fib daddr type local ip daddr != 127.0.0.0/8 dnat ip to udp dport map @fwd_udp\n"
+                "  }\n"
+                "  chain post {\n"
+                "    type nat hook postrouting priority srcnat; policy accept;\n"
+                f'    ip saddr {self.cidr} ip daddr != {self.cidr} oifname != "{BRIDGE}" masquerade\n'
+                "  }\n"
+                "}\n")
+
+    # ---- reconciling ---------------------------------------------------------------------------
+
+    def routes(self) -> dict[str, str]:
+        """Ferry's routes in the node's namespace: job address -> next hop."""
+        out = json.loads(self._run("ip", "-j", "-4", "route", "show", "proto", ROUTE_PROTO) or "[]")
+        return {r["dst"].removesuffix("/32"): r.get("gateway", "") for r in out if "dst" in r}
+
+    def apply(self, state: NetState) -> None:
+        """Makes the routes and the forwards those of ``state``. Raises CommandFailed."""
+        current = self.routes()
+        for address, via in state.routes.items():
+            if ipaddress.ip_address(address) in self.range and current.get(address) != via:
+                self._run("ip", "route", "replace", f"{address}/32", "via", via, "proto", ROUTE_PROTO)
+        for address in set(current) - set(state.routes):
+            self._run("ip", "route", "del", f"{address}/32", "proto", ROUTE_PROTO, check=False)
+        if self.applied is None or self.applied.forwards != state.forwards:
+            lines = [f"flush map ip {TABLE} fwd_tcp", f"flush map ip {TABLE} fwd_udp"]
+            for (proto, port), (address, job_port) in sorted(state.forwards.items()):
+                lines.append(f"add element ip {TABLE} fwd_{proto} {{ {port} : {address} . {job_port} }}")
+            self._run("nft", "-f", "-", stdin="\n".join(lines) + "\n")
+        self.applied = state
