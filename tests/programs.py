@@ -52,3 +52,37 @@ while True:
     print(got, "udp", "unix", flush=True)
     mine.sendall(b"%d" % got)
 """
+
+
+def tcp_answer_server(port: int) -> str:
+    """A TCP server on every address of the job, port `port`: to each client (a thread each) it
+    answers n with n+1, and prints each peer's address as it comes."""
+    return f"""
+import socket, threading
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", {port}))
+srv.listen(16)
+def serve(conn):
+    while got := conn.recv(64):
+        conn.sendall(b"%d" % (int(got) + 1))
+while True:
+    conn, peer = srv.accept()
+    print("peer", peer[0], flush=True)
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+
+
+def tcp_counter_client(host: str, port: int, messages: int) -> str:
+    """One TCP connection to `host`:`port` (a `tcp_answer_server`): sends n, prints the answer,
+    1..`messages`, then exits. The count is unbroken only if the connection lost or repeated nothing."""
+    return f"""
+import socket, time
+c = socket.create_connection(({host!r}, {port}), timeout=120)
+n = 0
+while n < {messages}:
+    c.sendall(b"%d" % n)
+    n = int(c.recv(64))
+    print(n, flush=True)
+    time.sleep(0.02)
+"""

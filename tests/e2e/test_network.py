@@ -8,7 +8,6 @@ import pytest
 
 from tests.conftest import PY, Cluster, reference_output, wait_until
 from tests.e2e.test_control import train
-from tests.e2e.test_errors import one_line_error
 from tests.programs import tcp_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
@@ -58,15 +57,6 @@ def test_a_host_job_is_told_its_sockets_are_the_nodes(cluster: Cluster) -> None:
     text = cluster.ferry("status", "net-host").stdout
     assert "network          host (its sockets bind the node's addresses" in text, text
     cluster.ferry("kill", "net-host")
-
-
-@pytest.mark.parametrize(("network", "says"), [("bridge", "bridge networks are not built yet"),
-                                               ("lan", "unknown network 'lan'")])
-def test_an_unknown_network_is_refused_in_one_line(cluster: Cluster, network: str, says: str) -> None:
-    line = one_line_error(cluster.ferry("run", "--name", f"net-{network}", "--network", network, "--", "true",
-                                        check=False), 2)
-    assert says in line and "--network" in line, line
-    assert f"net-{network}" not in {j["name"] for j in cluster.json("ps", "-a")}
 
 
 def test_an_isolated_job_cannot_reach_the_nodes_services(cluster: Cluster) -> None:

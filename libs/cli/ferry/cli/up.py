@@ -25,6 +25,7 @@ import grpc
 from ferry.cli.client import open_channel
 from ferry.cli.nats_guard import FULL_BYTES, RESERVE_BYTES, DiskReserve, ReserveAction, has_write_error, server_health
 from ferry.cli.secrets import creds_file, ensure_secrets
+from ferry.cli.simnet import SimNetwork
 from ferry.common.certs import TlsFiles, make_tls
 from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
@@ -149,6 +150,7 @@ class AllInOne:
             api.env.update({"FERRY_TLS_CERT": str(self.tls.cert), "FERRY_TLS_KEY": str(self.tls.key)})
             del api.env["FERRY_TLS_CA"]  # for the API this would mean: clients need certificates
         self.node_children: dict[str, list[Child]] = {}
+        self.simnet = SimNetwork(self.data_dir, self.nodes)
         for spec in specs:
             node, url = spec.id, self.metadata_url(spec.id)
             node_env = {**env, "FERRY_NODE_SPEC": spec.model_dump_json(),
@@ -196,6 +198,8 @@ class AllInOne:
 
     def write_state(self) -> None:
         state = {"pid": os.getpid(), "nats_url": self.nats_url, "addr": self.addr, "nodes": self.nodes,
+                 "net": {"host_ip": self.simnet.host_ip, "nodes": {n: self.simnet.env(n) for n in self.nodes},
+                         "error": self.simnet.error},
                  "dead": sorted(self.dead), "metadata": {n: self.metadata_url(n) for n in self.nodes},
                  "services": {c.name: c.proc.pid if c.proc else None for c in [*self.nats_children, *self.children]}}
         tmp = self.data_dir / "up.json.tmp"
@@ -373,6 +377,12 @@ class AllInOne:
                 server.start()
             for port in self.nats_ports:
                 wait_port("127.0.0.1", port, 15)
+            problem = self.simnet.create()
+            if problem:
+                print(f"ferry: no bridge networks for jobs: {problem}", flush=True)
+            for node, kids in self.node_children.items():
+                for kid in kids[1:]:  # the node's services, not its metadata server
+                    kid.env.update(self.simnet.env(node))
             for child in self.children:
                 child.start()
             self.write_state()
@@ -410,6 +420,7 @@ class AllInOne:
                 except subprocess.TimeoutExpired:
                     server.stop(signal.SIGKILL)
         self.remove_scratch()
+        self.simnet.remove()
         print(f"ferry: stopped ({killed} workloads ended)", flush=True)
 
     def remove_scratch(self) -> None:
