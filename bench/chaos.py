@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 name = f"chaos-{i}"
                 sampler = Sampler(argv)
                 sampler.start()
-                c.ferry("run", "--name", name, "--checkpoint-every", "2s", "--", *argv)
+                c.ferry("run", "--name", name, "--checkpoint-every", "2s", "--network", "host", "--", *argv)
                 for _ in range(per_job[i]):
                     time.sleep(rng.uniform(1, 4))
                     kind = rng.choice([k for k in FAULTS if k != "kill-node" or len(dead) < args.nodes - 1])

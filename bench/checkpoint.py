@@ -274,8 +274,9 @@ class Bench:
     def ferry_checkpoints(self, tag: str, mib: int, interval: float) -> dict[str, Any]:
         """``ferry run``; first checkpoint at "ready"; after exactly one round, ``checkpoint --stop``."""
         c = self.cluster
-        _, job = c.ferry("run", "--name", f"bench-{tag}", "--node", NODE_A, "--cwd", str(ROOT), "--",
-                         *self.memhog(mib, interval))
+        # a host-network job, as raw CRIU's process is: the ratio compares like with like
+        _, job = c.ferry("run", "--name", f"bench-{tag}", "--node", NODE_A, "--cwd", str(ROOT), "--network", "host",
+                         "--", *self.memhog(mib, interval))
         job_id = str(job["id"])
         self.ferry_jobs.append(job_id)
         stdout = c.job_stdout(NODE_A, job_id)

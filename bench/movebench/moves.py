@@ -329,7 +329,8 @@ class Bench:
     async def ferry(self, tag: str, mib: int, dirty: float) -> Sample:
         c = self.cluster
         assert c is not None
-        job = await c.json("run", "--name", tag, "--node", "node-1", "--cwd", str(ROOT), "--", *self.argv(mib, dirty))
+        job = await c.json("run", "--name", tag, "--node", "node-1", "--cwd", str(ROOT), "--network", "host", "--",
+                           *self.argv(mib, dirty))
         if job.get("state") != "running" or job.get("node") != "node-1":
             raise BenchError(f"ferry run {tag}: {job.get('state')} on {job.get('node')}: {job.get('reason')}")
         src, dst = c.job_dir("node-1", job["id"]), c.job_dir("node-2", job["id"])

@@ -115,7 +115,7 @@ def test_the_outside_sees_the_node_and_a_bridge_job_cannot_reach_the_nodes_loopb
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--network", "bridge", "--publish", "80"], "--publish '80': use HOST_PORT:JOB_PORT"),
-    (["--publish", "8080:80"], "--publish needs --network bridge"),
+    (["--network", "isolated", "--publish", "8080:80"], "--publish needs --network bridge"),
     (["--network", "lan"], "unknown network 'lan'"),
 ])
 def test_bad_network_input_is_refused_in_one_line(cluster: Cluster, args: list[str], says: str) -> None:

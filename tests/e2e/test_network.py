@@ -53,7 +53,7 @@ def test_an_isolated_job_keeps_its_connection_through_a_checkpoint_a_move_and_a_
 
 
 def test_a_host_job_is_told_its_sockets_are_the_nodes(cluster: Cluster) -> None:
-    cluster.json("run", "--name", "net-host", "--", "sleep", "600")
+    cluster.json("run", "--name", "net-host", "--network", "host", "--", "sleep", "600")
     text = cluster.ferry("status", "net-host").stdout
     assert "network          host (its sockets bind the node's addresses" in text, text
     cluster.ferry("kill", "net-host")

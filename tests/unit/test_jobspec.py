@@ -94,7 +94,9 @@ def test_a_spec_becomes_a_job_with_every_field_it_carries() -> None:
 def test_a_network_is_bridge_isolated_or_host() -> None:
     assert check_request({"argv": ["true"], "network": "isolated"}).to_spec(
         "n", now=0, env=SealedEnv()).network == Network.ISOLATED
-    assert check_request({"argv": ["true"]}).to_spec("n", now=0, env=SealedEnv()).network == Network.HOST
+    assert check_request({"argv": ["true"]}).to_spec("n", now=0, env=SealedEnv()).network == Network.BRIDGE
+    for caller in ({"here": True, "node": "n1"}, {"adopt_pid": 7, "node": "n1"}, {"bundle": "/b"}):
+        assert check_request({"argv": ["true"], **caller}).to_spec("n", now=0, env=SealedEnv()).network == Network.HOST
     spec = check_request({"argv": ["true"], "network": "bridge", "publish": ["8080:80", "53:5353/udp"]}).to_spec(
         "n", now=0, env=SealedEnv())
     assert spec.network == Network.BRIDGE
@@ -107,7 +109,7 @@ def test_a_network_is_bridge_isolated_or_host() -> None:
     ({"network": "bridge", "publish": ["70000:80"]}, "--publish '70000:80': ports are 1 to 65535"),
     ({"network": "bridge", "publish": ["80:80/sctp"]}, "--publish '80:80/sctp': use HOST_PORT:JOB_PORT"),
     ({"network": "bridge", "publish": ["80:1", "80:2"]}, "bad --publish: host port 80/tcp is given twice"),
-    ({"publish": ["80:80"]}, "--publish needs --network bridge"),
+    ({"network": "host", "publish": ["80:80"]}, "--publish needs --network bridge"),
     ({"network": "bridge", "image": "oci:/x"}, "--network: a container has the network its bundle's"),
     ({"network": "bridge", "here": True, "node": "n1"}, "--network bridge: a job run --here or adopted"),
 ])

@@ -75,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", metavar="SIZE", help="only GPUs with at least this much memory, e.g. 40GiB")
     p.add_argument("--gpu-shared", action="store_true", help="may share GPUs with jobs that also allow it")
     p.add_argument("--network", default="", metavar="bridge|isolated|host",
-                   help="bridge: a network namespace of the job's own with an address from the cluster's job range "
-                        "(FERRY_JOB_NETWORK) that it keeps on every node, NAT to the outside; isolated: its own "
-                        "namespace with loopback only; both are checkpointed with the job, TCP connections "
-                        "included; host (the default): the node's network, whose ports a restore may find taken")
+                   help="bridge (the default; host for containers, --here and adopted jobs): a network namespace "
+                        "of the job's own with an address from the cluster's job range (FERRY_JOB_NETWORK) that "
+                        "it keeps on every node, NAT to the outside; isolated: its own namespace with loopback "
+                        "only; both are checkpointed with the job, TCP connections included; host: the node's "
+                        "network, whose ports a restore may find taken")
     p.add_argument("--publish", action="append", default=[], metavar="HOST:JOB[/tcp|udp]",
                    help="with --network bridge: the node's port HOST reaches the job's port JOB (repeat); a port "
                         "is published by one job in the whole cluster, so the job can move to any node")

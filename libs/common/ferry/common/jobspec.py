@@ -65,7 +65,7 @@ class JobRequest(BaseModel):
     gpu_model: str = Field("", max_length=GPU_MODEL_MAX)
     gpu_memory_bytes: int = Field(0, ge=0, le=BYTES_MAX)
     gpu_shared: bool = False
-    network: str = ""  # empty: host (see Network)
+    network: str = ""  # empty: the default (see resolved_network)
     here: bool = False  # in the foreground of the caller, on `node`
     adopt_pid: int = Field(0, ge=0, le=1 << 22)  # `ferry adopt`: the running process on `node` (0: none)
     bundle: str = Field("", max_length=PATH_MAX)  # an OCI runtime bundle on the node
@@ -155,6 +155,13 @@ class JobRequest(BaseModel):
             raise ValueError("use printable characters, e.g. H100")
         return v
 
+    def resolved_network(self) -> Network:
+        """The asked network, or the default: ``bridge`` for a job Ferry starts itself; ``host`` for
+        a container (its bundle says), a ``--here`` job and an adopted process (their caller's)."""
+        if self.network:
+            return Network(self.network)
+        return Network.HOST if (self.bundle or self.image or self.here or self.adopt_pid) else Network.BRIDGE
+
     def exec_bytes(self) -> int:
         return sum(len(a) + 1 for a in self.argv) + sum(len(k) + len(v) + 2 for k, v in self.env.items())
 
@@ -168,7 +175,7 @@ class JobRequest(BaseModel):
             deadline=now + self.deadline_s if self.deadline_s else None,
             max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
-            network=Network(self.network or Network.HOST), here=self.here, adopt_pid=self.adopt_pid or None,
+            network=self.resolved_network(), here=self.here, adopt_pid=self.adopt_pid or None,
             bundle=self.bundle or None, image=self.image or None,
             publish=[parse_publish(p) for p in self.publish])
 
@@ -183,7 +190,7 @@ def check_request(fields: dict[str, Any]) -> JobRequest:
         raise UsageError("give --bundle or --image, not both")
     if (request.bundle or request.image) and request.network in (Network.ISOLATED.value, Network.BRIDGE.value):
         raise UsageError("--network: a container has the network its bundle's config.json gives it")
-    if request.publish and request.network != Network.BRIDGE.value:
+    if request.publish and request.resolved_network() != Network.BRIDGE:
         raise UsageError("--publish needs --network bridge (the job's own address, which the node's port reaches)")
     if request.network == Network.BRIDGE.value and (request.here or request.adopt_pid):
         raise UsageError("--network bridge: a job run --here or adopted has the network its caller gave it")
