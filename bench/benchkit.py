@@ -8,11 +8,25 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ferry.criu.binary import find_criu
+
+
+class BenchError(Exception):
+    """A step of a benchmark failed; the message says which and where to look."""
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Returns once ``predicate()`` holds; BenchError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
 
 
 def read_bytes(path: Path) -> bytes:

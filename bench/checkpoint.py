@@ -39,12 +39,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchkit import dir_bytes, machine, median, read_bytes, run_directory, uptime
+from benchkit import BenchError, dir_bytes, machine, median, read_bytes, run_directory, uptime, wait_for
 
 from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu
@@ -72,19 +71,7 @@ _ROUND = re.compile(rb"^\d+ \d+$", re.MULTILINE)
 _SHIM_CRIU = re.compile(r"criu restore exited 0 after (\d+) ms")
 
 
-class BenchError(Exception):
-    """A step of the benchmark failed; the message says which and where to look."""
-
-
 # ---- small helpers -----------------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def is_ready(stdout: Path) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from benchkit import dir_bytes, median
+from benchkit import dir_bytes, median, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,14 +89,6 @@ class RawContainer:
 
     def stop(self) -> None:
         subprocess.run([*self.base, "delete", "--force", self.id], capture_output=True, check=False)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def said_ready(logs: Callable[[str], str], job: str) -> bool:

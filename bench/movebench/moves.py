@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchkit import dir_bytes, read_bytes
+from benchkit import BenchError, dir_bytes, read_bytes, wait_for
 
 from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu
@@ -37,7 +37,6 @@ from movebench.workload import (
     ROUNDS_AFTER,
     ROUNDS_BEFORE,
     WRAPPER,
-    BenchError,
     await_for,
     gap_around,
     longest_gap,
@@ -45,7 +44,6 @@ from movebench.workload import (
     round_lines,
     stamps,
     stamps_of,
-    wait_for,
 )
 
 # ---- one move ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchkit import read_bytes
+from benchkit import BenchError, read_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMHOG = ROOT / "examples" / "memhog.py"
@@ -44,10 +44,6 @@ threading.Thread(target=beat, daemon=True).start()
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-
-
-class BenchError(Exception):
-    """A step failed; the message says which and where to look."""
 
 
 
@@ -99,14 +95,6 @@ def rate(rounds: list[float], start: float, end: float) -> tuple[float | None, i
     inside = [t for t in rounds if start <= t <= end]
     gaps = [b - a for a, b in itertools.pairwise(inside)]
     return (1 / statistics.mean(gaps) if gaps else None), len(gaps)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
 
 
 async def await_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
