@@ -2,10 +2,18 @@
 deletes, other writers), keeps the owner's own last write, and hands out copies."""
 
 import asyncio
+import logging
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from ferry.common.bus import Bus
 from ferry.common.mirror import Mirror
 from ferry.common.models import Job, JobState
+from ferry.common.ports import free_port
+from tests.conftest import BIN
 
 
 def job(id: str, **kw: object) -> Job:
@@ -72,3 +80,34 @@ async def test_a_quiet_watch_reads_the_bucket_again(nats_url: str) -> None:
     finally:
         await mirror.close()
         await bus.close()
+
+
+async def test_after_nats_comes_back_the_mirror_watches_again_at_once(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A restarted server: the watch starts again when the connection is back, well before the
+    periodic resync (an hour here) would have read the bucket."""
+    port = free_port()
+    argv = [str(BIN / "nats-server"), "-js", "-sd", str(tmp_path / "js"), "-a", "127.0.0.1", "-p", str(port)]
+    server = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"nats://127.0.0.1:{port}"
+    bus = await Bus.connect(url, "test-mirror")
+    mirror = Mirror(bus.jobs, resync_s=3600)
+    caplog.set_level(logging.INFO, logger="ferry.common.mirror")
+    try:
+        await mirror.start()
+        server.send_signal(signal.SIGKILL)
+        await server.wait()
+        server = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        writer = await Bus.connect(url, "test-writer", connect_timeout=20)
+        try:
+            await writer.jobs.put("job-e", job("job-e"))
+        finally:
+            await writer.close()
+        await until(lambda: mirror.get("job-e") is not None, "the write after the restart did not arrive", 20)
+        assert any(r.getMessage().startswith("NATS came back: watching") for r in caplog.records), \
+            [r.getMessage() for r in caplog.records]
+    finally:
+        await mirror.close()
+        await bus.close()
+        server.terminate()
+        await asyncio.wait_for(server.wait(), 10)

@@ -106,16 +106,34 @@ def _deliveries(msg: Msg) -> int:
         return 1
 
 
+class Reconnects:
+    """Who wants to hear that the connection to NATS came back (a KV watch's consumer may not have)."""
+
+    def __init__(self) -> None:
+        self._events: set[asyncio.Event] = set()
+
+    def listen(self, event: asyncio.Event) -> None:
+        self._events.add(event)
+
+    def forget(self, event: asyncio.Event) -> None:
+        self._events.discard(event)
+
+    def fire(self) -> None:
+        for event in self._events:
+            event.set()
+
+
 class Table(Generic[M]):
     """A JetStream KV bucket holding JSON records of one pydantic model."""
 
     def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str, model: type[M],
-                 nc: Client | None = None) -> None:
+                 nc: Client | None = None, reconnects: Reconnects | None = None) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
         self._model = model
         self._nc = nc
+        self.reconnects = reconnects or Reconnects()
 
     @property
     def bucket(self) -> str:
@@ -250,6 +268,7 @@ class Bus:
         self.prices: Table[PriceRecord]
         self._subs: list[Any] = []
         self._create = True
+        self.reconnects = Reconnects()
 
     @classmethod
     async def connect(cls, url: str, name: str, *, connect_timeout: float = 10.0, replicas: int = 1,
@@ -273,10 +292,16 @@ class Bus:
             seen.append(str(exc))
             await _log_error(exc)
 
+        reconnects = Reconnects()
+
+        async def on_reconnect() -> None:
+            log.info("reconnected to NATS")
+            reconnects.fire()
+
         try:  # nats-py retries the first connection forever: bounded here
             nc = await asyncio.wait_for(nats.connect(
                 servers, name=name, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                allow_reconnect=True, error_cb=on_error, **auth,
+                allow_reconnect=True, error_cb=on_error, reconnected_cb=on_reconnect, **auth,
             ), timeout=max(connect_timeout, 1.0))
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             if any("authorization violation" in e.lower() for e in seen):
@@ -285,6 +310,7 @@ class Bus:
             last = seen[-1] if seen else (str(exc) or type(exc).__name__)
             raise BusError(f"cannot reach NATS at {url}: {last}") from exc
         bus = cls(nc, nc.jetstream(timeout=10), replicas)
+        bus.reconnects = reconnects
         bus._create = create
         while True:  # a JetStream cluster answers "unavailable" until it has elected a leader
             try:
@@ -358,7 +384,7 @@ class Bus:
                 raise BusError(f"bucket {name} does not exist yet (the scheduler creates it)") from exc
             config = api.KeyValueConfig(bucket=name, history=5, storage=api.StorageType.FILE, replicas=self.replicas)
             kv = await self.js.create_key_value(config)
-        return Table(self.js, kv, name, model, self.nc)
+        return Table(self.js, kv, name, model, self.nc, self.reconnects)
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
         """Publishes to JetStream with the current trace context; `msg_id` dedups retries."""

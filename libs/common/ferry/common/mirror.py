@@ -3,8 +3,10 @@
 The watch (a JetStream ordered consumer over the bucket, ``KeyValue.watchall``) delivers every
 record once, then every write and delete as it happens. The owner of records (the scheduler for
 jobs) writes through (``note``) so that its next decision sees its own last write at once; the
-revision orders a written-through record and the watch's copy of the same write. As a safety net
-against a watch that silently stopped, the whole bucket is read again every ``resync_s``.
+revision orders a written-through record and the watch's copy of the same write. When the
+connection to NATS comes back, the watch starts again from the top (its consumer may have gone
+with a restarted server, and then it would deliver nothing); as a safety net against a watch that
+silently stopped otherwise, the whole bucket is read again every ``resync_s`` the watch is quiet.
 
 Readers get copies: a caller that changes a record changes only its copy until it writes it.
 """
@@ -12,9 +14,10 @@ Readers get copies: a caller that changes a record changes only its copy until i
 import asyncio
 import contextlib
 import logging
-from typing import Generic
+from typing import Any, Generic
 
 import nats.errors
+from nats.js.kv import KeyValue
 
 from ferry.common import wire
 from ferry.common.bus import BusError, M, Table
@@ -23,6 +26,10 @@ log = logging.getLogger(__name__)
 
 RESYNC_S = 30.0
 _DELETES = ("DEL", "PURGE")
+
+
+class _Reconnected(Exception):
+    pass
 
 
 class Mirror(Generic[M]):
@@ -87,16 +94,21 @@ class Mirror(Generic[M]):
                 await asyncio.sleep(1.0)
 
     async def _watch(self) -> None:
+        reconnected = asyncio.Event()
+        self.table.reconnects.listen(reconnected)
         watcher = await self.table.watch_all()
         try:
             initial: set[str] = set()  # what this watch delivered before its end-of-records marker
             first_pass = True
             while True:
                 try:
-                    entry = await watcher.updates(timeout=self.resync_s)  # type: ignore[no-untyped-call]
+                    entry = await self._next(watcher, reconnected)
                 except nats.errors.TimeoutError:
                     await self.resync()
                     continue
+                except _Reconnected:  # the watch's consumer may be gone with the server: a new watch
+                    log.info("NATS came back: watching %s again", self.table.bucket)
+                    return
                 if entry is None:  # every record has been delivered once
                     if first_pass:
                         for key in set(self._records) - initial:
@@ -118,8 +130,25 @@ class Mirror(Generic[M]):
                 self.note(entry.key, record, entry.revision or 0)
                 self.changed.set()
         finally:
+            self.table.reconnects.forget(reconnected)
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _next(self, watcher: KeyValue.KeyWatcher, reconnected: asyncio.Event) -> Any:
+        """The watch's next entry; nats' TimeoutError after ``resync_s``; _Reconnected when the
+        connection came back meanwhile."""
+        update = asyncio.ensure_future(watcher.updates(timeout=self.resync_s))  # type: ignore[no-untyped-call]
+        came_back = asyncio.ensure_future(reconnected.wait())
+        try:
+            await asyncio.wait({update, came_back}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            came_back.cancel()
+        if update.done():
+            return update.result()
+        update.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await update
+        raise _Reconnected
 
     async def resync(self) -> None:
         """Reads every record again (the watch was quiet for ``resync_s``)."""
