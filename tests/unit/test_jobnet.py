@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from ferry.common.errors import UsageError
 from ferry.common.jobnet import PortMap, allocate, check_range, gateway, host_if, overlapping, parse_publish
 from ferry.common.models import Job, JobState, Network, Node
+from ferry.node.bridge import port_taken
 from ferry.policy.decisions import NodeView
 from ferry.policy.netplan import NetState, node_net_state, published_conflict, with_job_network
 
@@ -80,3 +83,15 @@ def test_a_node_without_a_job_network_takes_no_bridge_job() -> None:
     out = with_job_network(views, nodes)
     assert out[0].usable and not out[1].usable
     assert out[1].reason == "node n2 has no job network (no root)"
+
+
+def test_a_port_a_node_process_listens_on_is_not_published_there() -> None:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        job = _job("web", "n1", "10.88.0.2", publish=(f"{port}:80",))
+        why = port_taken(job, "")
+        assert why is not None and f"port {port}/tcp is taken on this node" in why
+        assert port_taken(job, "/run/netns/ferry-x-n1") is None  # a node namespace of its own listens on nothing
+        assert port_taken(_job("udp", "n1", "10.88.0.3", publish=(f"{port}:80/udp",)), "") is None

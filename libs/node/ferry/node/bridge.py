@@ -21,14 +21,18 @@ import ipaddress
 import json
 import logging
 import shutil
+import socket
 import subprocess
+
+import psutil
 
 from ferry.common.jobnet import BRIDGE, GATEWAY_MAC, check_range, gateway, host_if, overlapping
 from ferry.common.models import Job, Network
 from ferry.criu.veth import HostEnd, JobLink, restore_args
 from ferry.policy.netplan import NetState
 
-__all__ = ["ROUTE_PROTO", "TABLE", "NodeNetwork", "drop_stale_link", "host_end", "job_link", "restore_options"]
+__all__ = ["ROUTE_PROTO", "TABLE", "NodeNetwork", "drop_stale_link", "host_end", "job_link", "port_taken",
+           "restore_options"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,21 @@ def job_link(job: Job, job_network: str, node_netns: str) -> JobLink | None:
     if not job.address:
         raise ValueError(f"job {job.id} has no address in the job network")
     return JobLink(job.address, gateway(job_network), host_if(job.id), node_netns or None)
+
+
+def port_taken(job: Job, node_netns: str) -> str | None:
+    """Why a bridge job's published port cannot be had on this node: a process of the node's own
+    listens on it (its DNAT would hide that process from the outside). A node whose bridge is in a
+    namespace of its own (``ferry up``) has no such processes."""
+    if job.network != Network.BRIDGE or not job.publish or node_netns:
+        return None
+    listening = {(c.type, c.laddr.port) for c in psutil.net_connections(kind="inet")
+                 if c.laddr and (c.status == psutil.CONN_LISTEN or c.type == socket.SOCK_DGRAM)}
+    for m in job.publish:
+        kind = socket.SOCK_STREAM if m.proto == "tcp" else socket.SOCK_DGRAM
+        if (kind, m.host) in listening:
+            return f"port {m.host}/{m.proto} is taken on this node by a process of its own: publish another"
+    return None
 
 
 def host_end(job: Job, node_netns: str) -> HostEnd | None:

@@ -45,7 +45,7 @@ from ferry.node.base import (
     read_meminfo_bytes,
     workload_env,
 )
-from ferry.node.bridge import NodeNetwork, job_link
+from ferry.node.bridge import NodeNetwork, job_link, port_taken
 from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.procs import alive
 from ferry.policy.netplan import node_net_state
@@ -321,6 +321,9 @@ class Checkpointer(LiveSource, NodeService):
             env = workload_env(open_env(job.env, self.env_key(), job.tenant))
             if job.gpu_uuids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
+            taken = await asyncio.to_thread(port_taken, job, self.settings.node_netns)
+            if taken:
+                raise UsageError(taken)
             if job.container:  # the job's own bundle; the container's environment is the image's plus --env
                 await asyncio.to_thread(prepare_bundle, jd, bundle=job.bundle, image=job.image, argv=job.argv,
                                         env=open_env(job.env, self.env_key(), job.tenant))
