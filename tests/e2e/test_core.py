@@ -47,7 +47,7 @@ def test_train_checkpointed_at_a_random_step_continues_identically_on_node_2(clu
 
 def test_migrate_there_and_back_keeps_train_output_identical(cluster: Cluster) -> None:
     want = reference_output(TRAIN)
-    cluster.json("run", "--name", "train-mig", "--node", "node-1", "--", *TRAIN)
+    cluster.json("run", "--name", "train-mig", "--node", "node-1", "--network", "host", "--", *TRAIN)
     cluster.wait_lines("train-mig", 20)
     there = cluster.json("migrate", "train-mig", "--to", "node-2")
     assert there["node"] == "node-2" and there["state"] == "running"

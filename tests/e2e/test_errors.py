@@ -130,7 +130,7 @@ def test_criu_failure_keeps_the_job_running_and_marks_the_checkpoint_failed(clus
         "while True:\n"
         "    i += 1; print(i, flush=True); time.sleep(0.1)\n"
     )
-    cluster.json("run", "--name", "tcp", "--node", "node-1", "--", PY, "-c", prog)
+    cluster.json("run", "--name", "tcp", "--node", "node-1", "--network", "host", "--", PY, "-c", prog)
     cluster.wait_lines("tcp", 3)
     result = cluster.ferry("checkpoint", "tcp", check=False)
     line = one_line_error(result, 1)

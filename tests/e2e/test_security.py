@@ -166,7 +166,7 @@ def test_a_workload_reaches_nats_without_credentials_and_is_refused(tenants: Ten
              "    except Exception as exc:\n"
              "        print('refused:', exc, flush=True)\n"
              "asyncio.run(main())\n")
-    tenants.ferry("acme", "run", "--name", "sec-probe", "--", PY, "-c", probe)
+    tenants.ferry("acme", "run", "--name", "sec-probe", "--network", "host", "--", PY, "-c", probe)
     assert tenants.ferry("acme", "wait", "sec-probe", "--timeout", "60", check=False).returncode == 0
     out = tenants.ferry("acme", "logs", "sec-probe").stdout.splitlines()
     assert out[0] == "[]" and out[1].startswith("refused:") and "Authorization Violation" in out[1], out
