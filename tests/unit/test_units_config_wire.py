@@ -115,6 +115,13 @@ def test_run_arguments_are_checked_before_anything_starts(tmp_path: Path) -> Non
             commands.validate_run(parser.parse_args(bad))
 
 
+def test_restore_takes_to_as_migrate_does() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["restore", "t1", "--to", "node-2"]).node == "node-2"
+    assert parser.parse_args(["restore", "t1", "--node", "node-3"]).node == "node-3"
+    assert parser.parse_args(["restore", "t1"]).node is None
+
+
 def test_every_command_takes_output_json() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

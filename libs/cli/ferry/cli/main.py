@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("restore", "restore a stopped job from a checkpoint (default: its newest)")
     p.add_argument("job")
-    p.add_argument("--node", help="restore on this node (default: the scheduler picks)")
+    p.add_argument("--node", "--to", dest="node", help="restore on this node (default: the scheduler picks); "
+                   "--to is the same option, spelt as migrate spells it")
     p.add_argument("--checkpoint", help="checkpoint id (default: the newest committed one)")
     add_here_arguments(p, "restore here, in the foreground, as a child of this command, in its cgroup; ends "
                           "with the job's exit status; needs --node (or FERRY_NODE_ID) naming this machine's node")
