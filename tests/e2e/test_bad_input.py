@@ -33,6 +33,8 @@ BAD_RUNS = [
     (["--checkpoint-every", "1e400"], "--checkpoint-every"),
     (["--deadline", "99999d"], "--deadline"),
     (["--gpu-model", "H1\n00"], "--gpu-model"),
+    (["--label", "no-value"], "--label"),
+    (["--label", "bad key=x"], "--label"),
 ]
 
 
@@ -74,6 +76,7 @@ def _raw_submit(addr: str, fields: dict[str, Any]) -> grpc.RpcError:
         {"name": "api-cwd", "cwd": "relative/dir"},
         {"name": "api-nul", "argv": ["sleep", "6\x0000"]},
         {"name": "api-empty", "argv": [""]},
+        {"name": "api-label", "labels": {"-x": "y"}},
     ],
     ids=lambda f: str(f.get("name", ""))[:20].strip(),
 )

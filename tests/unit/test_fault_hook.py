@@ -3,8 +3,9 @@
 import pytest
 
 from ferry.common.moves import NodeOptions
+from ferry.common.phases import LIVE_PHASES
 from ferry.criu.lazy_common import LiveMoveFailed
-from ferry.sim.faults import LIVE_PHASES, PHASE_NAMES, FaultHook
+from ferry.sim.faults import PHASE_NAMES, FaultHook
 
 
 def test_only_the_armed_phase_fails_and_it_fails_as_the_real_failure_would() -> None:

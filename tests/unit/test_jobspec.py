@@ -63,6 +63,18 @@ def test_environment_command_and_cwd() -> None:
     assert refused(bogus=1) == "unknown field 'bogus' in the job request"
 
 
+def test_labels_are_kept_and_checked() -> None:
+    labels = {"source": "slurm", "slurm.job": "42", "example.com/team": "nlp = 2"}
+    request = check_request({"argv": ["true"], "labels": labels})
+    assert request.to_spec("t", now=0, env=SealedEnv()).to_job("j1", "op1").labels == labels
+    assert refused(labels={"-a": "x"}).startswith("bad --label: label '-a': use 1 to 63 letters")
+    assert refused(labels={"a b": "x"}).startswith("bad --label: label 'a b'")
+    assert refused(labels={"x" * 64: "x"}).startswith("bad --label")
+    assert refused(labels={"a": "x\ny"}) == "bad --label: the value of label a: at most 253 printable characters"
+    assert refused(labels={"a": "x" * 254}).startswith("bad --label: the value of label a")
+    assert refused(labels={f"k{i}": "v" for i in range(33)}) == "bad --label: at most 32 labels"
+
+
 def test_tokens_end_at_the_end_of_the_string() -> None:
     assert wire.is_token("node-1") and not wire.is_token("node-1\n") and not wire.is_token("")
     with pytest.raises(wire.WireError):

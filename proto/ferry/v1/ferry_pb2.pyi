@@ -327,6 +327,22 @@ class SubmitJobRequest(google.protobuf.message.Message):
         ) -> None: ...
         def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
+    @typing.final
+    class LabelsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     NAME_FIELD_NUMBER: builtins.int
     ARGV_FIELD_NUMBER: builtins.int
     ENV_FIELD_NUMBER: builtins.int
@@ -348,6 +364,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     BUNDLE_FIELD_NUMBER: builtins.int
     IMAGE_FIELD_NUMBER: builtins.int
     PUBLISH_FIELD_NUMBER: builtins.int
+    LABELS_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -388,6 +405,10 @@ class SubmitJobRequest(google.protobuf.message.Message):
     def publish(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """network "bridge": HOST_PORT:JOB_PORT[/tcp|udp], the node's port reaching the job's"""
 
+    @property
+    def labels(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
+        """who or what started it: source=slurm, slurm.job=42 (`ferry ps --source`)"""
+
     def __init__(
         self,
         *,
@@ -412,8 +433,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         bundle: builtins.str = ...,
         image: builtins.str = ...,
         publish: collections.abc.Iterable[builtins.str] | None = ...,
+        labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -678,6 +700,22 @@ class Job(google.protobuf.message.Message):
         ) -> None: ...
         def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
+    @typing.final
+    class LabelsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     ID_FIELD_NUMBER: builtins.int
     NAME_FIELD_NUMBER: builtins.int
     ARGV_FIELD_NUMBER: builtins.int
@@ -714,6 +752,7 @@ class Job(google.protobuf.message.Message):
     IMAGE_FIELD_NUMBER: builtins.int
     ADDRESS_FIELD_NUMBER: builtins.int
     PUBLISH_FIELD_NUMBER: builtins.int
+    LABELS_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -767,6 +806,10 @@ class Job(google.protobuf.message.Message):
     def publish(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """network "bridge": its published ports, HOST:JOB/PROTO"""
 
+    @property
+    def labels(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
+        """as submitted (SubmitJobRequest.labels)"""
+
     def __init__(
         self,
         *,
@@ -806,8 +849,9 @@ class Job(google.protobuf.message.Message):
         image: builtins.str = ...,
         address: builtins.str = ...,
         publish: collections.abc.Iterable[builtins.str] | None = ...,
+        labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
 
 global___Job = Job
 

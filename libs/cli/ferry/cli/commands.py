@@ -11,7 +11,7 @@ from typing import Any
 from ferry.cli.client import ApiError, Client
 from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
 from ferry.common.errors import UsageError, from_kind
-from ferry.common.jobspec import check_request
+from ferry.common.labels import SOURCE_LABEL
 from ferry.common.units import parse_duration, parse_size
 from ferry.v1 import ferry_pb2 as pb
 
@@ -31,14 +31,23 @@ def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
+def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
+    """`KEY=VALUE` pairs (the value may hold '='); the last of a repeated key wins."""
+    found = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"bad --env {pair!r}: use KEY=VALUE")
-        env[key] = value
-    return env
+            raise UsageError(f"bad {flag} {pair!r}: use KEY=VALUE")
+        found[key] = value
+    return found
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    return parse_pairs(pairs, "--env")
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    return parse_pairs(pairs, "--label")
 
 
 def parse_secrets(pairs: list[str]) -> dict[str, str]:
@@ -72,6 +81,7 @@ def validate_here(args: argparse.Namespace) -> None:
 def validate_adopt(args: argparse.Namespace) -> None:
     """`ferry adopt PID`: the process must be adoptable (``ferry.node.adopt``), checked here on its
     machine before anything is contacted; its command line and folder become the job's."""
+    from ferry.common.jobspec import check_request  # pydantic loads only for what submits a job
     from ferry.node.adopt import adopt_problem, cgroup_problem  # psutil loads only for adopt
 
     args.node = args.node or os.environ.get("FERRY_NODE_ID", "")
@@ -113,6 +123,8 @@ def cmd_adopt(client: Client, args: argparse.Namespace) -> int:
 def validate_run(args: argparse.Namespace) -> None:
     """Checks `ferry run`'s arguments before anything is contacted or started: the same rules the
     API applies (ferry.common.jobspec), plus what only the caller's machine can tell (--cwd)."""
+    from ferry.common.jobspec import check_request  # pydantic loads only for what submits a job
+
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -129,6 +141,7 @@ def validate_run(args: argparse.Namespace) -> None:
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
         "network": args.network, "here": args.here, "publish": getattr(args, "publish", []),
+        "labels": parse_labels(getattr(args, "label", [])),
         "bundle": os.path.abspath(args.bundle) if args.bundle else "", "image": args.image or "",
     })
     if args.bundle or args.image:  # bad input is refused here, before anything starts
@@ -238,7 +251,11 @@ def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_ps(client: Client, args: argparse.Namespace) -> int:
-    jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest(all=args.all)).jobs
+    wanted = parse_labels(args.label)
+    if args.source:
+        wanted[SOURCE_LABEL] = args.source
+    jobs = [j for j in client.call(client.stub.ListJobs, pb.ListJobsRequest(all=args.all)).jobs
+            if all(j.labels.get(k) == v for k, v in wanted.items())]
     if _json(args):
         print_json([job_dict(j) for j in jobs])
         return 0
@@ -265,6 +282,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if job.adopt_pid:
         print(f"{'adopted':16} process {job.adopt_pid}, where its own supervisor started it (Ferry never restarts "
               f"or moves it; a restore makes it Ferry's)")
+    if job.labels:
+        print(f"{'labels':16} {', '.join(f'{k}={v}' for k, v in sorted(job.labels.items()))}")
     if job.here:
         print(f"{'here':16} in the foreground of a `--here` command on {job.node}, whose supervisor restarts it")
     network = job.network or "host"

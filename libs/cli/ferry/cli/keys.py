@@ -19,7 +19,12 @@ from typing import Any
 
 from ferry.cli.output import print_json
 from ferry.common.errors import UsageError
-from ferry.common.wire import is_token
+
+
+def is_token(text: str) -> bool:
+    from ferry.common.wire import is_token as token  # pydantic loads only when a keys command runs
+
+    return token(text)
 
 # The crypto and the store load only when a keys command runs: every other command's start-up
 # stays free of them (`ferry nodes` is a CLI round trip, bench/checkpoint.py measures its floor).

@@ -15,7 +15,7 @@ from ferry.cli.keys import add_keys_parser, cmd_keys
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.cli.store import add_store_parser, cmd_store
 from ferry.common.errors import FerryError
-from ferry.sim.faults import LIVE_PHASES
+from ferry.common.phases import LIVE_PHASES
 
 EPILOG = """examples:
   ferry up --nodes 2 --data-dir /tmp/f --grpc 127.0.0.1:7070
@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "runc: its root filesystem, mounts and namespaces; the command after -- replaces its args")
     p.add_argument("--image", metavar="REF", help="run an OCI image with runc: oci:/LAYOUT_DIR[:TAG] or "
                    "oci-archive:/FILE.tar[:TAG] (unpacked by umoci on the node; no registry is used)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label for the job (repeat): who or what started it, e.g. team=nlp; integrations set "
+                        "source=slurm|kubernetes|ray (`ferry ps --label`, `ferry ps --source`)")
     add_here_arguments(p, "run here, in the foreground, as a child of this command (what a SLURM step or a "
                           "container runtime calls): its output is this command's, it ends with the job's exit "
                           "status; needs --node (or FERRY_NODE_ID) naming this machine's node")
@@ -124,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("ps", "list jobs (running and stopped; -a adds finished ones)")
     p.add_argument("-a", "--all", action="store_true")
+    p.add_argument("--source", metavar="NAME", help="only jobs an integration started: slurm, kubernetes, ray "
+                   "(their label source=NAME)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="only jobs with this label (repeat: all must match)")
 
     p = add("status", "show one job: state, node, restarts, last checkpoint")
     p.add_argument("job")
@@ -243,11 +250,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 commands.validate_run(args)
             if args.cmd == "adopt":
                 commands.validate_adopt(args)
+            # not closed: closing a gRPC channel waits about 200 ms for its poller, and the process
+            # ends right after the command (issue 18's CLI floor)
             client = Client(args.addr or default_addr())
-            try:
-                code = HANDLERS[args.cmd](client, args)
-            finally:
-                client.close()
+            code = HANDLERS[args.cmd](client, args)
     except FerryError as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         code = exc.exit_code

@@ -31,8 +31,11 @@ BYTES_MAX = 1 << 50  # 1 PiB
 PRIORITY_MAX = 1_000_000
 DURATION_MAX = 10 * 365 * 86400.0  # ten years
 PUBLISH_MAX = 64  # published ports of one job
+LABELS_MAX = 32
+LABEL_VALUE_MAX = 253
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
 
 FLAGS = {
     "name": "--name", "argv": "command", "env": "--env", "cwd": "--cwd", "node": "--node",
@@ -40,7 +43,7 @@ FLAGS = {
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
     "network": "--network", "here": "--here", "adopt_pid": "PID", "bundle": "--bundle",
-    "image": "--image", "publish": "--publish",
+    "image": "--image", "publish": "--publish", "labels": "--label",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -71,6 +74,20 @@ class JobRequest(BaseModel):
     bundle: str = Field("", max_length=PATH_MAX)  # an OCI runtime bundle on the node
     image: str = Field("", max_length=PATH_MAX)  # oci:DIR[:TAG] or oci-archive:TAR[:TAG] on the node
     publish: list[str] = Field(default_factory=list, max_length=PUBLISH_MAX)  # HOST:JOB[/tcp|udp], bridge only
+    labels: dict[str, str] = Field(default_factory=dict)  # e.g. source=slurm, slurm.job=42
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > LABELS_MAX:
+            raise ValueError(f"at most {LABELS_MAX} labels")
+        for key, value in v.items():
+            if not _LABEL_KEY.fullmatch(key):
+                raise ValueError(f"label {key!r}: use 1 to 63 letters, digits, '.', '/', '-' and '_', starting "
+                                 "and ending with a letter or digit")
+            if len(value) > LABEL_VALUE_MAX or not value.isprintable():
+                raise ValueError(f"the value of label {key}: at most {LABEL_VALUE_MAX} printable characters")
+        return v
 
     @field_validator("publish")
     @classmethod
@@ -177,7 +194,7 @@ class JobRequest(BaseModel):
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
             network=self.resolved_network(), here=self.here, adopt_pid=self.adopt_pid or None,
             bundle=self.bundle or None, image=self.image or None,
-            publish=[parse_publish(p) for p in self.publish])
+            publish=[parse_publish(p) for p in self.publish], labels=self.labels)
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:

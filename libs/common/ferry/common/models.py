@@ -106,6 +106,9 @@ class Job(Record):
     image: str | None = None  # the image (its own copy of either travels with its checkpoints)
     address: str | None = None  # --network bridge: its address in the cluster's job range, for its life
     publish: list[PortMap] = Field(default_factory=list)  # --network bridge: node ports that reach it
+    # who or what started it, as the user or an integration said: `source` (slurm, kubernetes, ray),
+    # `slurm.job`, ... (`ferry run --label`, `ferry ps --source`)
+    labels: dict[str, str] = Field(default_factory=dict)
 
     @property
     def container(self) -> bool:

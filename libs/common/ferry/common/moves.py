@@ -10,10 +10,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ferry.common.phases import FaultPhase
 from ferry.common.record import Record
 
-FaultPhase = Literal["round", "freeze", "restore", "postcopy", "source"]
-"""Where an armed fault makes a live move fail (``ferry.sim.faults``)."""
+__all__ = ["FaultPhase", "LiveFrozen", "LiveLocal", "LiveRestored", "NodeOptions", "PageSource"]
 
 
 class NodeOptions(Record):

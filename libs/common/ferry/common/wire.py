@@ -129,6 +129,7 @@ class JobSpec(Record):
     bundle: str | None = None
     image: str | None = None
     publish: list[PortMap] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from ferry.common.errors import ConflictError, UsageError
-from ferry.sim.faults import LIVE_PHASES, arm_live_fault
+from ferry.common.phases import LIVE_PHASES
+from ferry.sim.faults import arm_live_fault
 from ferry.sim.metadata_server import send_notice
 
 KINDS = ("kill-node", "spot-notice", *(f"fail-live-{p}" for p in LIVE_PHASES))

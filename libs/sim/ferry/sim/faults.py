@@ -7,14 +7,13 @@ the node services ask their one fault hook (``FaultHook``) at each such point.""
 import json
 import logging
 from pathlib import Path
-from typing import get_args
 
-from ferry.common.moves import FaultPhase, NodeOptions
+from ferry.common.moves import NodeOptions
+from ferry.common.phases import LIVE_PHASES, FaultPhase
 
 log = logging.getLogger(__name__)
 
 LIVE_FAULT_FILE = "live-fault.json"
-LIVE_PHASES: tuple[FaultPhase, ...] = get_args(FaultPhase)
 
 
 def arm_live_fault(data_dir: Path, phase: str) -> None:

@@ -22,7 +22,7 @@ def job_to_pb(job: Job) -> pb.Job:
         gpu_uuids=job.gpu_uuids, network=job.network.value, here=job.here,
         adopt_pid=job.adopt_pid or 0, adopted=job.adopted,
         bundle=job.bundle or "", image=job.image or "", address=job.address or "",
-        publish=[str(m) for m in job.publish],
+        publish=[str(m) for m in job.publish], labels=job.labels,
     )
 
 
