@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = {"lost": 0, "duplicated": 0, "stuck": 0, "corrupt": 0}
     log: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
-    references: dict[tuple[str, ...], str] = {}
+    # each workload's uninterrupted output, made while the jobs run (they mostly sleep)
+    pool = ThreadPoolExecutor(max_workers=2)
+    references = {key: pool.submit(lambda k: subprocess.run(list(k), capture_output=True, text=True,
+                                                            check=True).stdout, key)
+                  for key in {tuple(workload(i)) for i in range(args.jobs)}}
     dead: set[str] = set()
     per_job = [args.faults // args.jobs + (1 if i < args.faults % args.jobs else 0) for i in range(args.jobs)]
     with run_directory(args.data_dir, args.keep, "ferry-chaos-") as data:
@@ -264,8 +269,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.jobs):
                 argv = workload(i)
                 key = tuple(argv)
-                if key not in references:
-                    references[key] = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
                 name = f"chaos-{i}"
                 sampler = Sampler(argv)
                 sampler.start()
@@ -300,7 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     verdict = "lost"
                 elif sampler.most > 1:
                     verdict = "duplicated"
-                elif out != references[key]:
+                elif out != references[key].result():
                     verdict = "corrupt"
                 elif sum(left):
                     verdict = "stuck"
@@ -312,6 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "faults": per_job[i]})
         finally:
             c.stop()
+            pool.shutdown(cancel_futures=True)
     return {"seed": args.seed, "faults": args.faults, "jobs": args.jobs, "nodes": args.nodes, "counts": counts,
             "by_kind": {k: sum(1 for e in log if e.get("fault") == k) for k in FAULTS}, "results": jobs,
             "log": log, "load": uptime(), "machine": machine(Path(args.data_dir or "/tmp"))}
