@@ -68,7 +68,8 @@ def parse_secrets(pairs: list[str]) -> dict[str, str]:
 def validate_here(args: argparse.Namespace) -> None:
     """`--here` and its options (`run`, `restore`): --node defaults to FERRY_NODE_ID, this machine's node."""
     if not args.here:
-        for flag, given in (("--cgroup", args.cgroup), ("--checkpoint-on-term", args.checkpoint_on_term)):
+        for flag, given in (("--cgroup", args.cgroup), ("--checkpoint-on-term", args.checkpoint_on_term),
+                            ("--replay-output", getattr(args, "replay_output", False))):
             if given:
                 raise UsageError(f"{flag} works only with --here")
         return

@@ -34,7 +34,7 @@ from typing import BinaryIO
 from ferry.cli.client import Client
 from ferry.cli.output import job_dict, print_json
 from ferry.common.errors import FerryError, UsageError, from_kind
-from ferry.criu.handoff import POLL_S, Handoff, find_offer
+from ferry.criu.handoff import POLL_S, Handoff, find_offer, read_reply
 from ferry.criu.jobdir import JobDir
 from ferry.criu.runner import kill_tree
 from ferry.v1 import ferry_pb2 as pb
@@ -95,6 +95,7 @@ class Foreground:
     newer_than: int  # the job's incarnation before this command's request
     stop: Callable[[], None] | None = None
     grace_s: float = 10.0
+    replay: bool = False  # a restore prints the job's output from its start, not from the checkpoint on
     job_dir: JobDir | None = None
     child: subprocess.Popen[bytes] | None = None
     stopping: bool = False
@@ -116,15 +117,20 @@ class Foreground:
         """Runs the offered shim; returns the exit status this command should end with."""
         assert self.job_dir is not None, "take() first"
         starts = {"stdout": 0, "stderr": 0}
-        if offered.mode == "restore":  # the output before the checkpoint was printed by an earlier run
+        if offered.mode == "restore" and not self.replay:  # an earlier run printed what came before the checkpoint
             starts = {name: _size(self.job_dir.path / name) for name in starts}
         self._followers = [_Follower(self.job_dir.stdout, sys.stdout.buffer, starts["stdout"]),
                            _Follower(self.job_dir.stderr, sys.stderr.buffer, starts["stderr"])]
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.child = subprocess.Popen(offered.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            for follower in self._followers:
-                follower.start()
+            # the output is copied once the job runs: a restore that fails prints none of the old output
+            while self.child.poll() is None and read_reply(self.job_dir, offered.incarnation) is None:
+                time.sleep(POLL_S)
+            reply = read_reply(self.job_dir, offered.incarnation)
+            if reply is not None and reply.ok:
+                for follower in self._followers:
+                    follower.start()
             code = self.child.wait()
             if self._stopper is not None:  # the dump ended the job: wait until its checkpoint is committed
                 self._stopper.join(STOP_WAIT_S)
@@ -138,6 +144,9 @@ class Foreground:
                     follower.join()
         if (self.job_dir.path / f"stop-{offered.incarnation}").exists():
             return STOPPED_EXIT  # a checkpoint stopped it: `ferry restore --here` continues it
+        reply = read_reply(self.job_dir, offered.incarnation)
+        if reply is not None and not reply.ok:  # it never started (CRIU refused the restore): not its status
+            raise FerryError(f"{self.job}: the {offered.mode} on this node failed: {reply.error}")
         return code
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -257,7 +266,8 @@ def restore_here(client: Client, args: argparse.Namespace) -> int:
     jobs_dir = _prepare(client, args)
     job = client.call(client.stub.GetJob, pb.JobRef(job=args.job))
     fg = Foreground(jobs_dir, job.name, newer_than=job.incarnation,
-                    stop=_stopper(client, job.name) if args.checkpoint_on_term else None, grace_s=args.grace_s)
+                    stop=_stopper(client, job.name) if args.checkpoint_on_term else None, grace_s=args.grace_s,
+                    replay=args.replay_output)
 
     def restore() -> None:
         req = pb.RestoreRequest(job=job.id, node=args.node, checkpoint=args.checkpoint or "", here=True)

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="checkpoint id (default: the newest committed one)")
     add_here_arguments(p, "restore here, in the foreground, as a child of this command, in its cgroup; ends "
                           "with the job's exit status; needs --node (or FERRY_NODE_ID) naming this machine's node")
+    p.add_argument("--replay-output", action="store_true", help="with --here: print the job's whole output, not "
+                   "only what follows the checkpoint (for a supervisor that truncated the output file, as SLURM does "
+                   "on a requeue)")
 
     p = add("migrate", "move a running job to another node (checkpoint --stop, then restore there)")
     p.add_argument("job")
