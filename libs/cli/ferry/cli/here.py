@@ -186,9 +186,19 @@ def _prepare(client: Client, args: argparse.Namespace) -> Path:
     found = next((n for n in client.call(client.stub.ListNodes, pb.ListNodesRequest()).nodes if n.id == node), None)
     if found is None:
         raise UsageError(f"--here: no node {node!r} has joined the cluster: `ferry nodes` lists them")
-    if not found.address or not Path(found.address).is_dir():
+    try:
+        owner = Path(found.address).stat().st_uid if found.address else None
+    except FileNotFoundError:
+        owner = None
+    except OSError as exc:  # a folder this user may not even look into
+        raise UsageError(f"--here: cannot read the folder of node {node} ({exc.strerror}): run it as the user the "
+                         f"node services run as") from None
+    if owner is None or not Path(found.address).is_dir():
         raise UsageError(f"--here: the folder of node {node} ({found.address or 'unknown'}) is not on this machine: "
                          f"run the command on that node")
+    if owner != os.geteuid():  # the shim it runs reads the node's job folders and runs CRIU as that user
+        raise UsageError(f"--here: node {node}'s services run as uid {owner}, this command as uid {os.geteuid()}: "
+                         f"run it as the user the node services run as")
     if args.cgroup:
         join_cgroup(args.cgroup)
     return Path(found.address) / "jobs"

@@ -13,6 +13,7 @@ from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
 from ferry.cli.keys import add_keys_parser, cmd_keys
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
+from ferry.cli.slurm.bridge import add_slurm_parser, cmd_slurm
 from ferry.cli.store import add_store_parser, cmd_store
 from ferry.common.errors import FerryError
 from ferry.common.phases import LIVE_PHASES
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub, common)
     add_store_parser(sub, common)
     add_keys_parser(sub, common)
+    add_slurm_parser(sub, common)
     add("whoami", "who the API takes this caller for: tenant, role, quota and what the tenant uses")
     p = add("audit", "the audit trail: every mutating call, who made it and how it ended (a user sees its tenant's)")
     p.add_argument("--since", metavar="DURATION", default="1d", help="how far back (default 1d), e.g. 1h")
@@ -246,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = cmd_store(args)
         elif args.cmd == "keys":
             code = cmd_keys(args)
+        elif args.cmd == "slurm":
+            code = cmd_slurm(args)
         else:
             if args.cmd in ("run", "restore"):
                 commands.validate_here(args)
