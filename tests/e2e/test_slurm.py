@@ -25,7 +25,8 @@ from tests.slurm import Slurm, require_slurm, start_slurm, stop_slurm
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
 NODES = ["node-1", "node-2", "node-3"]
-FAST = {"FERRY_HEARTBEAT_TIMEOUT_S": "3", "FERRY_HEARTBEAT_INTERVAL_S": "0.5"}
+# fast heartbeats (a lost node is noticed after 3 s); an ended job's checkpoints go 3 s after it ended
+FAST = {"FERRY_HEARTBEAT_TIMEOUT_S": "3", "FERRY_HEARTBEAT_INTERVAL_S": "0.5", "FERRY_KEEP_ENDED_S": "3"}
 STEPS = 300
 TRAIN = [PY, str(WORKLOADS / "train.py"), "--steps", str(STEPS), "--sleep", "0.04", "--width", "512"]
 
@@ -169,6 +170,12 @@ def test_a_requeued_job_whose_checkpoint_does_not_verify_starts_from_scratch_and
     lines = both.out("bad").read_text().splitlines()
     want = reference_output(TRAIN).splitlines()
     assert lines[-len(want):] == want and lines[0] == want[0], both.diagnose("bad")
+    # the checkpoints expire with the SLURM job: the bridge ends the Ferry job nothing will restore,
+    # and its checkpoints go keep_ended_s (3 s here) later, from the store too
+    gone = wait_until(lambda: (s := job_of(both, job))["state"] == "killed" and not s["last_checkpoint"] and s, 60,
+                      "the abandoned Ferry job to end and its checkpoints to expire")
+    assert gone["checkpoints"] == 0 and both.ferry.json("checkpoints", f"slurm-{job}") == []
+    assert not list((both.ferry.data_dir / "store" / "manifests" / parked["id"]).glob("*.json"))
 
 
 def test_a_drained_node_sends_its_ferry_jobs_elsewhere_and_a_resume_undrains_ferry(both: Both) -> None:

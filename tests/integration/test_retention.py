@@ -64,3 +64,48 @@ async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, c
         for s in services:
             s.stopping.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_checkpoints_of_an_ended_job_expire_and_a_parked_jobs_stay(nats_url: str, tmp_path: Path,
+                                                                             criu_bin: str) -> None:
+    make_secrets(tmp_path)
+    base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3,
+                    keep_ended_s=2.0, scratch_dir=str(tmp_path / "scratch"))
+    services: list[Service] = [Scheduler(base), Api(base), Checkpointer(base.model_copy(update={"node_id": "n1"}))]
+    tasks = [asyncio.create_task(s.serve()) for s in services]
+    store = open_store(base.resolved_store_url(), base.resolved_store_key_file())
+    count = [PY, "-c", "import time, itertools\nfor i in itertools.count():\n    print(i, flush=True)\n"
+                       "    time.sleep(0.1)\n"]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
+        async with grpc.aio.insecure_channel(base.addr) as channel:
+            stub = async_stub(channel)
+            for _ in range(50):
+                if (await stub.ListNodes(pb.ListNodesRequest())).nodes:
+                    break
+                await asyncio.sleep(0.1)
+            ended = await stub.SubmitJob(pb.SubmitJobRequest(name="ended", argv=count, cwd="/", node="n1"))
+            parked = await stub.SubmitJob(pb.SubmitJobRequest(name="parked", argv=count, cwd="/", node="n1"))
+            for name, stop in (("ended", False), ("ended", False), ("parked", True)):
+                updates = [u async for u in stub.Checkpoint(pb.CheckpointRequest(job=name, stop=stop))]
+                assert not updates[-1].error, updates[-1].error
+            assert len(store.list_checkpoints(ended.id)) == 2
+            await stub.KillJob(pb.KillJobRequest(job="ended", grace_s=0))
+            for _ in range(100):  # 2 s after it ended, then the node's delete and the scheduler's write
+                job = await stub.GetJob(pb.JobRef(job="ended"))
+                if not job.last_checkpoint:
+                    break
+                await asyncio.sleep(0.1)
+            assert job.state == "killed" and not job.last_checkpoint and job.checkpoints == 0
+            assert store.list_checkpoints(ended.id) == []
+            assert not (await stub.ListCheckpoints(pb.JobRef(job="ended"))).checkpoints
+            # a parked job has not ended: it may be restored any time
+            assert len(store.list_checkpoints(parked.id)) == 1
+            assert (await stub.GetJob(pb.JobRef(job="parked"))).last_checkpoint
+            # nothing of the ended job's is left in the store: its chunks went too
+            kept = store.read_manifest(parked.id, store.list_checkpoints(parked.id)[0]).chunk_hashes()
+            assert {k.removeprefix("chunks/") for k in store.backend.list("chunks/")} == set(kept)
+    finally:
+        for s in services:
+            s.stopping.set()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -163,3 +163,29 @@ def test_expired_orders_by_creation_time() -> None:
     ms = [Manifest(job="j", checkpoint=c, parent=None, created=t, files=[]) for c, t in [("b", 2), ("a", 3), ("c", 1)]]
     assert expired(ms, 1) == ["c", "b"]
     assert expired(ms, 5) == []
+
+
+def test_ended_jobs_expire_on_their_last_node_after_the_keep_time() -> None:
+    from ferry.common.models import Job, JobState
+    from ferry.store.retention import expiring
+
+    def job(name: str, state: JobState, node: str, updated: float, checkpoint: str | None = "ck-1") -> Job:
+        return Job(id=name, name=name, argv=["x"], state=state, node=node, updated=updated, last_checkpoint=checkpoint)
+
+    jobs = [job("old", JobState.SUCCEEDED, "n1", 100.0), job("older", JobState.KILLED, "n1", 50.0),
+            job("young", JobState.FAILED, "n1", 950.0), job("elsewhere", JobState.SUCCEEDED, "n2", 0.0),
+            job("running", JobState.RUNNING, "n1", 0.0), job("parked", JobState.PREEMPTED, "n1", 0.0),
+            job("none", JobState.SUCCEEDED, "n1", 0.0, checkpoint=None)]
+    due, next_at = expiring(jobs, "n1", keep_ended_s=100.0, now=1000.0)
+    assert [j.name for j in due] == ["older", "old"] and next_at == 1050.0
+    assert expiring(jobs, "n1", keep_ended_s=0.0, now=1000.0) == ([], None)  # 0 keeps them all
+    assert expiring(jobs[:2], "n1", keep_ended_s=100.0, now=1000.0)[1] is None
+
+
+def test_deleting_a_job_deletes_every_checkpoint_of_it_readable_or_not(tmp_path: Path) -> None:
+    store = CheckpointStore(LocalBackend(tmp_path))
+    for job, checkpoint in (("j1", "a"), ("j1", "b"), ("j2", "c")):
+        store.backend.put(manifest_key(job, checkpoint), b"{not a manifest")
+    assert store.delete_job("j1") == ["a", "b"]
+    assert store.list_checkpoints("j1") == [] and store.list_checkpoints("j2") == ["c"]
+    assert store.delete_job("j1") == []

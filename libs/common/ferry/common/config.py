@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     node_netns: str = ""
     net_ip: str = ""
     keep_checkpoints: int = Field(default=0, ge=0)  # per job, newest kept; 0 keeps all (then unused chunks go)
+    # node services: the checkpoints of a job that ended (succeeded, failed, killed) are deleted this
+    # long after it ended, by its last node's checkpointer; 0 keeps them
+    keep_ended_s: float = Field(default=7 * 86400.0, ge=0)
     scratch_dir: str = ""  # node services: where images are staged (default: /dev/shm if tmpfs, else work dir)
     disk_reserve: ByteSize = ByteSize(256 << 20)  # node services: kept free in scratch and a local store
 

@@ -41,6 +41,7 @@ class Mirror(Generic[M]):
         self._task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # every record has been read at least once
         self.changed = changed or asyncio.Event()  # set on each change the watch delivers (the reader clears it)
+        self._listeners: list[asyncio.Event] = []
 
     async def start(self) -> None:
         """Reads the bucket and starts following it; returns once every record is here."""
@@ -57,6 +58,17 @@ class Mirror(Generic[M]):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+
+    def listen(self) -> asyncio.Event:
+        """One more event set on each change, for one more reader of the same mirror (each clears its own)."""
+        event = asyncio.Event()
+        self._listeners.append(event)
+        return event
+
+    def _changed(self) -> None:
+        self.changed.set()
+        for event in self._listeners:
+            event.set()
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -118,7 +130,7 @@ class Mirror(Generic[M]):
                     continue
                 if entry.operation in _DELETES or entry.value is None:
                     self.forget(entry.key, entry.revision or 0)
-                    self.changed.set()
+                    self._changed()
                     continue
                 try:
                     record = wire.decode(self.table.model, entry.value)
@@ -128,7 +140,7 @@ class Mirror(Generic[M]):
                 if first_pass:
                     initial.add(entry.key)
                 self.note(entry.key, record, entry.revision or 0)
-                self.changed.set()
+                self._changed()
         finally:
             self.table.reconnects.forget(reconnected)
             with contextlib.suppress(Exception):

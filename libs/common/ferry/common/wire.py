@@ -180,6 +180,7 @@ NodeEventKind = Literal[
     "checkpoint_failed",
     "restored",
     "restore_failed",
+    "checkpoints_expired",  # an ended job's checkpoints were deleted (keep_ended_s): deleted_checkpoints
     "live_frozen",  # the source is frozen and its page server listens: restore on the target
     "live_freeze_failed",  # the source runs on
     "live_local",  # every page reached the target: end the source

@@ -156,6 +156,13 @@ class CheckpointStore:
         """Delete the manifest (chunks go at the next gc); deleting a missing checkpoint is fine."""
         self.backend.delete(manifest_key(job, checkpoint))
 
+    def delete_job(self, job: str) -> list[str]:
+        """Delete every checkpoint of ``job``, readable or not (its chunks go at the next gc); return their ids."""
+        doomed = self.list_checkpoints(job)
+        for checkpoint in doomed:
+            self.delete_checkpoint(job, checkpoint)
+        return doomed
+
     def verify(self, *, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> StoreReport:
         """Which kept checkpoints would restore (every manifest and distinct chunk read and hashed);
         with ``repair``, damaged chunks are quarantined and gc runs (see ``ferry.store.verify``)."""

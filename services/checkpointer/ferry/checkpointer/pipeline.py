@@ -25,7 +25,7 @@ from typing import Protocol
 
 from ferry.common import wire
 from ferry.common.config import Settings
-from ferry.common.models import CheckpointRecord
+from ferry.common.models import CheckpointRecord, Job
 from ferry.common.tracing import tracer
 from ferry.criu import container
 from ferry.criu.errors import CriuError, DumpFailed, ImageError
@@ -220,6 +220,20 @@ class CheckpointPipeline:
             log.warning("retention for %s failed: %s", job_id, exc)
             return []
 
+    async def expire(self, job: Job) -> bool:
+        """Deletes every checkpoint of `job`, which ended `keep_ended_s` ago (then unused chunks go),
+        and tells the scheduler; False when the store refused (the caller tries again later)."""
+        try:
+            deleted = await asyncio.to_thread(_expire, self.host.store, job.id)
+        except (StoreError, OSError) as exc:
+            log.warning("the checkpoints of ended job %s could not be deleted: %s", job.name, exc)
+            return False
+        log.info("job %s ended %.0f s ago: its %d checkpoint(s) deleted", job.name, time.time() - job.updated,
+                 len(deleted))
+        await self.host.report(wire.NodeEvent(kind="checkpoints_expired", node=self.host.node_id, job=job.id,
+                                              incarnation=job.incarnation, deleted_checkpoints=deleted))
+        return True
+
     # ---- dump and upload -----------------------------------------------------------------------
 
     async def _dump_and_upload(self, cmd: wire.NodeCommand, jd: JobDir, pid: int, images: Path,
@@ -307,6 +321,13 @@ class CheckpointPipeline:
         record.bytes_uploaded = result.bytes_uploaded
         if cmd.stop:
             signal_tree(pid, signal.SIGKILL)
+
+
+def _expire(store: CheckpointStore, job: str) -> list[str]:
+    deleted = store.delete_job(job)
+    if deleted:
+        store.gc()
+    return deleted
 
 
 def _retain(store: CheckpointStore, job: str, keep: int) -> list[str]:

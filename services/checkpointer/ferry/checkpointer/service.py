@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
 from ferry.common.errors import ConfigError, FerryError, UsageError
 from ferry.common.mirror import Mirror
-from ferry.common.models import TERMINAL_STATES, Node, NodeState
+from ferry.common.models import TERMINAL_STATES, Job, Node, NodeState
 from ferry.common.sealing import SealError, open_env, read_key
 from ferry.common.service import service_main
 from ferry.criu.container import prepare_bundle
@@ -49,8 +50,10 @@ from ferry.node.bridge import NodeNetwork, job_link, port_taken
 from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.procs import alive
 from ferry.policy.netplan import node_net_state
+from ferry.store.retention import expiring
 
 log = logging.getLogger(__name__)
+EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkpoints
 
 
 class Checkpointer(LiveSource, NodeService):
@@ -85,27 +88,62 @@ class Checkpointer(LiveSource, NodeService):
     async def run(self) -> None:
         assert self.bus is not None
         await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
-        await asyncio.gather(
-            self.pipeline.collect_garbage("a start (a crash may have left chunks of an unfinished checkpoint)"),
-            self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
-                             subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
-                             handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S, stop=self.stopping,
-                             drain_s=self.settings.drain_timeout_s),
-            self.heartbeat_loop(),
-            self.exit_watch_loop(),
-            self.notice_loop(),
-            self.jobnet_loop(),
-        )
+        jobs = Mirror(self.bus.jobs)  # what the job network and the expiry of ended jobs follow
+        await jobs.start()
+        try:
+            await asyncio.gather(
+                self.pipeline.collect_garbage("a start (a crash may have left chunks of an unfinished checkpoint)"),
+                self.bus.consume(stream=wire.CMD_STREAM, durable=f"checkpointer-{self.node_id}",
+                                 subject=wire.node_cmd_subject(self.node_id, "checkpointer"),
+                                 handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S,
+                                 stop=self.stopping, drain_s=self.settings.drain_timeout_s),
+                self.heartbeat_loop(),
+                self.exit_watch_loop(),
+                self.notice_loop(),
+                self.jobnet_loop(jobs),
+                self.expiry_loop(jobs),
+            )
+        finally:
+            await jobs.close()
 
-    async def jobnet_loop(self) -> None:
+    async def until_change(self, changed: asyncio.Event, timeout: float | None = None) -> None:
+        """Returns when `changed` is set, the service stops, or `timeout` seconds passed."""
+        stop = asyncio.create_task(self.stopping.wait())
+        change = asyncio.create_task(changed.wait())
+        await asyncio.wait({stop, change}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stop, change):
+            task.cancel()
+
+    async def expiry_loop(self, jobs: Mirror[Job]) -> None:
+        """Deletes the checkpoints of the jobs that ended on this node `keep_ended_s` ago
+        (``ferry.store.retention.expiring``), woken by the jobs' changes and when the next is due."""
+        keep = self.settings.keep_ended_s
+        if keep <= 0:
+            return
+        changed = jobs.listen()
+        done: dict[str, float] = {}  # job id -> the record's update that was expired (until the scheduler's write)
+        while not self.stopping.is_set():
+            changed.clear()
+            due, next_at = expiring(jobs.values(), self.node_id, keep, time.time())
+            for job in due:
+                if done.get(job.id) == job.updated or self.stopping.is_set():
+                    continue
+                if await self.pipeline.expire(job):
+                    done[job.id] = job.updated
+                else:  # the store refused: again in a while
+                    retry = time.time() + EXPIRY_RETRY_S
+                    next_at = retry if next_at is None else min(next_at, retry)
+            done = {j.id: done[j.id] for j in due if j.id in done}
+            await self.until_change(changed, None if next_at is None else max(0.0, next_at - time.time()))
+
+    async def jobnet_loop(self, jobs: Mirror[Job]) -> None:
         """Follows the jobs and the nodes: this node's routes to the other nodes' bridge-network
         jobs and the forwards of its own jobs' published ports (``ferry.policy.netplan``)."""
         assert self.bus is not None
         if self.net_error:
             return
-        changed = asyncio.Event()
-        jobs, nodes = Mirror(self.bus.jobs, changed=changed), Mirror(self.bus.nodes, changed=changed)
-        await jobs.start()
+        changed = jobs.listen()
+        nodes = Mirror(self.bus.nodes, changed=changed)
         await nodes.start()
         try:
             while not self.stopping.is_set():
@@ -117,13 +155,8 @@ class Checkpointer(LiveSource, NodeService):
                     except OSError as exc:
                         log.warning("the job network's routes and forwards: %s", exc)
                         self.jobnet.applied = None  # try again on the next change
-                stop = asyncio.create_task(self.stopping.wait())
-                change = asyncio.create_task(changed.wait())
-                await asyncio.wait({stop, change}, return_when=asyncio.FIRST_COMPLETED)
-                for task in (stop, change):
-                    task.cancel()
+                await self.until_change(changed)
         finally:
-            await jobs.close()
             await nodes.close()
 
     # ---- node record -----------------------------------------------------------------------

@@ -363,11 +363,22 @@ class Scheduler(Service):
                     "exited": self.on_exited,
                     "restored": self.on_restored,
                     "restore_failed": self.on_restore_failed,
+                    "checkpoints_expired": self.on_checkpoints_expired,
                 }.get(ev.kind)
                 if handler is not None:
                     await handler(job, ev)
                 elif ev.kind.startswith("live_"):
                     await self.on_live_event(job, ev)
+
+    async def on_checkpoints_expired(self, job: Job, ev: wire.NodeEvent) -> None:
+        """An ended job's checkpoints are gone from the store (keep_ended_s): so go their records."""
+        for gone in ev.deleted_checkpoints:
+            await self.state.bus.checkpoints.delete(wire.ckpt_key(job.id, gone))
+        job.last_checkpoint, job.checkpoints = None, 0
+        await self.state.save_job(job)
+        await self.state.emit(Event(kind="checkpoints_expired", job=job.id, node=ev.node,
+                                    message=f"{len(ev.deleted_checkpoints)} checkpoint(s) of the ended job deleted",
+                                    data={"deleted": ev.deleted_checkpoints}))
 
     async def on_started(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(job.op) if job.op else None
