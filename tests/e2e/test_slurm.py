@@ -118,7 +118,7 @@ def test_a_preempted_job_continues_from_its_checkpoint_after_slurm_requeues_it(b
     assert done["Restarts"] == "1" and done["NodeList"] != node
     identical(both, "pre")
     err = both.err("pre").read_text()
-    assert f"restoring slurm-{job} from checkpoint ck-" in err and "(SLURM restart 1)" in err, err
+    assert f"restoring slurm-{job} from its final checkpoint ck-" in err and "(SLURM restart 1)" in err, err
     status = job_of(both, job)
     assert (status["state"], status["restarts"], status["node"]) == ("succeeded", 1, done["NodeList"])
     # SLURM's view stays SLURM's, and a job without --ferry is left alone
@@ -148,7 +148,7 @@ def test_a_step_preempted_with_preempt_mode_cancel_is_requeued_by_ferry_and_cont
     identical(both, "cancel")
     err = both.err("cancel").read_text()
     assert "SLURM preempted it with PreemptMode=CANCEL, which does not requeue" in err, err
-    assert f"restoring slurm-{job}-step0 from checkpoint" in err, err
+    assert f"restoring slurm-{job}-step0 from its final checkpoint" in err, err
 
 
 def test_a_requeued_job_whose_checkpoint_does_not_verify_starts_from_scratch_and_says_why(both: Both) -> None:
@@ -189,7 +189,7 @@ def test_a_drained_node_sends_its_ferry_jobs_elsewhere_and_a_resume_undrains_fer
         assert done["NodeList"] != node
         identical(both, "drain")
         err = both.err("drain").read_text()
-        assert f"restoring slurm-{job}" in err, err
+        assert f"restoring slurm-{job} from its final checkpoint" in err, err
         assert {n["id"]: n["state"] for n in both.ferry.json("nodes")}[node] == "draining"
     finally:
         both.slurm.run("scontrol", "update", f"nodename={node}", "state=resume")
@@ -222,6 +222,8 @@ def test_a_job_whose_node_dies_continues_from_its_last_periodic_checkpoint(both:
     assert (done["JobState"], done["Restarts"]) == ("COMPLETED", "1"), both.diagnose("crash")
     assert done["NodeList"] != node
     identical(both, "crash")
+    err = both.err("crash").read_text()
+    assert f"restoring slurm-{job} from its newest periodic checkpoint ck-" in err, err
 
 
 def test_bad_input_is_refused_by_sbatch_and_an_unreachable_ferry_leaves_the_job_running(both: Both) -> None:

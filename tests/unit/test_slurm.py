@@ -3,10 +3,19 @@ decides (start, restore, wait; requeue after a stop), and what the bridge does a
 
 import pytest
 
-from ferry.cli.slurm.bridge import Action, FerryJob, FerryNode, reconcile
-from ferry.cli.slurm.plan import BATCH_STEP, JobView, SlurmStep, labels, plan, requeue_reason, workload_env
+from ferry.cli.slurm.bridge import Action, Bridge, FerryJob, FerryNode, reconcile
+from ferry.cli.slurm.plan import (
+    BATCH_STEP,
+    JobView,
+    SlurmStep,
+    labels,
+    plan,
+    requeue_reason,
+    restore_line,
+    workload_env,
+)
 from ferry.cli.slurm.scontrol import SlurmJob, SlurmNode, parse_job, parse_nodes, parse_preempt_mode, parse_queue
-from ferry.common.errors import UsageError
+from ferry.common.errors import FerryError, UsageError
 
 # what Debian's SLURM 22.05 printed here (one line each, shortened where nothing is read)
 NODES = (
@@ -89,6 +98,15 @@ def test_the_task_requeues_only_what_slurm_would_not(job: SlurmJob | None, mode:
     assert (requeue_reason(job, mode) is not None) is requeues
 
 
+def test_the_output_says_whether_it_continues_from_a_final_or_a_periodic_checkpoint() -> None:
+    assert restore_line("slurm-42", "ck-1", True, 0.0, 1) == (
+        "restoring slurm-42 from its final checkpoint ck-1, taken as it stopped (SLURM restart 1)")
+    assert restore_line("slurm-42", "ck-2", False, 12.4, 2) == (
+        "restoring slurm-42 from its newest periodic checkpoint ck-2, taken 12 s before Ferry saw it stop: what "
+        "it did after that runs again (SLURM restart 2)")
+    assert restore_line("slurm-42", "ck-3", None, 0.0, 1) == "restoring slurm-42 from checkpoint ck-3 (SLURM restart 1)"
+
+
 def test_the_workload_never_sees_ferrys_address_token_or_the_plugins_variables() -> None:
     env = {"PATH": "/bin", "SLURM_JOB_ID": "42", "FERRY_TOKEN": "secret", "FERRY_ADDR": "x:1",
            "SPANK__SLURM_SPANK_OPTION_ferry_ferry": "", "_SLURM_SPANK_OPTION_ferry_ferry_every": "10m"}
@@ -132,3 +150,62 @@ def test_parked_ferry_jobs_of_ended_slurm_jobs_are_ended() -> None:
     assert [(a.kind, a.target) for a in actions] == [("end_ferry_job", "slurm-1"), ("end_ferry_job", "slurm-3")]
     assert "no longer known to SLURM" in actions[0].why and "(cancelled)" in actions[1].why
     assert reconcile([], [], jobs, None, set())[0] == []  # an unread queue ends nothing
+
+
+class FakeFerry:
+    def __init__(self, nodes: dict[str, str], fail: int = 0) -> None:
+        self.states, self.fail = nodes, fail
+        self.done: list[tuple[str, str]] = []
+
+    def nodes(self) -> list[FerryNode]:
+        return [FerryNode(n, s) for n, s in self.states.items()]
+
+    def jobs(self) -> list[FerryJob]:
+        return []
+
+    def drain(self, node: str, undo: bool) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise FerryError("the API is restarting")
+        self.states[node] = "ready" if undo else "draining"
+        self.done.append(("undrain" if undo else "drain", node))
+
+    def end(self, job: str) -> None:
+        self.done.append(("end", job))
+
+
+class FakeSlurm:
+    def __init__(self, drained: dict[str, str]) -> None:
+        self.drained = drained  # node -> reason
+
+    def nodes(self) -> list[SlurmNode]:
+        return [node(n, "DRAIN", reason=self.drained[n]) if n in self.drained else node(n) for n in ("n1", "n2")]
+
+    def queue(self, job_ids: object) -> dict[int, str]:
+        return {}
+
+    def drain(self, name: str, reason: str) -> None:
+        self.drained[name] = reason
+
+    def resume(self, name: str) -> None:
+        self.drained.pop(name, None)
+
+
+def test_a_restarted_bridge_still_undrains_what_it_drained_and_a_failed_action_is_tried_again() -> None:
+    ferry, slurm = FakeFerry({"n1": "ready", "n2": "ready"}, fail=1), FakeSlurm({"n1": "disk"})
+    assert [a.kind for a in Bridge(ferry, slurm).round()] == ["drain_ferry"] and ferry.done == []  # it failed
+    first = Bridge(ferry, slurm)
+    first.round()
+    assert ferry.done == [("drain", "n1")]
+    restarted = Bridge(ferry, slurm)  # knows nothing but what SLURM and Ferry show
+    assert restarted.round() == []
+    slurm.resume("n1")
+    restarted.round()
+    assert ferry.done == [("drain", "n1"), ("undrain", "n1")] and ferry.states["n1"] == "ready"
+    # a Ferry-side drain goes to SLURM with Ferry's reason, and back when Ferry undrains
+    ferry.states["n2"] = "draining"
+    restarted.round()
+    assert slurm.drained == {"n2": "ferry: drained in Ferry"}
+    ferry.states["n2"] = "ready"
+    restarted.round()
+    assert slurm.drained == {}

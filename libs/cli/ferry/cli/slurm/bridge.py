@@ -26,14 +26,15 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from ferry.cli.slurm.scontrol import ENDED_STATES, FERRY_REASON, Scontrol, SlurmError, SlurmNode
 from ferry.common.errors import FerryError, UsageError
 from ferry.common.labels import SOURCE_LABEL
 from ferry.common.units import parse_duration
 
-__all__ = ["Action", "Bridge", "FerryJob", "FerryNode", "add_slurm_parser", "cmd_slurm", "reconcile"]
+__all__ = ["Action", "ApiFerry", "Bridge", "Ferry", "FerryJob", "FerryNode", "Slurm", "add_slurm_parser", "cmd_slurm",
+           "reconcile"]
 
 PARKED = frozenset({"preempted"})
 ActionKind = Literal["drain_ferry", "undrain_ferry", "drain_slurm", "resume_slurm", "end_ferry_job"]
@@ -118,25 +119,74 @@ def _ended_jobs(jobs: Iterable[FerryJob], queue: Mapping[int, str]) -> list[Acti
     return actions
 
 
+class Ferry(Protocol):
+    """What the bridge reads and does in Ferry (``ApiFerry``: through the admin API)."""
+
+    def nodes(self) -> list[FerryNode]: ...
+
+    def jobs(self) -> list[FerryJob]: ...
+
+    def drain(self, node: str, undo: bool) -> None: ...
+
+    def end(self, job: str) -> None: ...
+
+
+class Slurm(Protocol):
+    """What the bridge reads and does in SLURM (``ferry.cli.slurm.scontrol.Scontrol``)."""
+
+    def nodes(self) -> list[SlurmNode]: ...
+
+    def queue(self, job_ids: Iterable[int]) -> dict[int, str]: ...
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def resume(self, node: str) -> None: ...
+
+
+class ApiFerry:
+    """Ferry through its admin API (the client loads late: the CLI's start-up stays light)."""
+
+    def __init__(self, client: object) -> None:
+        from ferry.cli.client import Client
+
+        assert isinstance(client, Client)
+        self.client = client
+
+    def nodes(self) -> list[FerryNode]:
+        from ferry.v1 import ferry_pb2 as pb
+
+        reply = self.client.call(self.client.stub.ListNodes, pb.ListNodesRequest(), timeout=15)
+        return [FerryNode(n.id, n.state) for n in reply.nodes]
+
+    def jobs(self) -> list[FerryJob]:
+        from ferry.v1 import ferry_pb2 as pb
+
+        reply = self.client.call(self.client.stub.ListJobs, pb.ListJobsRequest(), timeout=15)
+        return [FerryJob.of(j.name, j.state, j.labels) for j in reply.jobs]
+
+    def drain(self, node: str, undo: bool) -> None:
+        from ferry.v1 import ferry_pb2 as pb
+
+        self.client.call(self.client.stub.DrainNode, pb.DrainNodeRequest(node=node, undo=undo), timeout=30)
+
+    def end(self, job: str) -> None:
+        from ferry.v1 import ferry_pb2 as pb
+
+        self.client.call(self.client.stub.KillJob, pb.KillJobRequest(job=job, grace_s=0), timeout=30)
+
+
 @dataclass
 class Bridge:
-    """Runs `reconcile` every `interval_s` against the API (`client`) and SLURM (`slurm`)."""
+    """Runs `reconcile` every `interval_s` against Ferry and SLURM."""
 
-    client: object  # ferry.cli.client.Client (imported late: the CLI's start-up stays light)
-    slurm: Scontrol
+    ferry: Ferry
+    slurm: Slurm
     interval_s: float = 5.0
     mirrored: set[str] = field(default_factory=set)
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def read(self) -> tuple[list[SlurmNode], list[FerryNode], list[FerryJob], dict[int, str] | None]:
-        from ferry.cli.client import Client
-        from ferry.v1 import ferry_pb2 as pb
-
-        assert isinstance(self.client, Client)
-        nodes = [FerryNode(n.id, n.state)
-                 for n in self.client.call(self.client.stub.ListNodes, pb.ListNodesRequest(), timeout=15).nodes]
-        jobs = [FerryJob.of(j.name, j.state, j.labels)
-                for j in self.client.call(self.client.stub.ListJobs, pb.ListJobsRequest(), timeout=15).jobs]
+        nodes, jobs = self.ferry.nodes(), self.ferry.jobs()
         slurm_nodes = self.slurm.nodes()
         wanted = [j.slurm_job for j in jobs if j.slurm_job is not None and j.state in PARKED]
         try:
@@ -147,22 +197,15 @@ class Bridge:
         return slurm_nodes, nodes, jobs, queue
 
     def apply(self, action: Action) -> None:
-        from ferry.cli.client import Client
-        from ferry.v1 import ferry_pb2 as pb
-
-        assert isinstance(self.client, Client)
         _say(f"{action.kind.replace('_', ' ')} {action.target}: {action.why}")
-        if action.kind == "drain_ferry":
-            self.client.call(self.client.stub.DrainNode, pb.DrainNodeRequest(node=action.target), timeout=30)
-        elif action.kind == "undrain_ferry":
-            self.client.call(self.client.stub.DrainNode, pb.DrainNodeRequest(node=action.target, undo=True),
-                             timeout=30)
+        if action.kind in ("drain_ferry", "undrain_ferry"):
+            self.ferry.drain(action.target, undo=action.kind == "undrain_ferry")
         elif action.kind == "drain_slurm":
             self.slurm.drain(action.target, action.why)
         elif action.kind == "resume_slurm":
             self.slurm.resume(action.target)
         else:
-            self.client.call(self.client.stub.KillJob, pb.KillJobRequest(job=action.target, grace_s=0), timeout=30)
+            self.ferry.end(action.target)
 
     def round(self) -> list[Action]:
         slurm_nodes, nodes, jobs, queue = self.read()
@@ -215,7 +258,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if not 0.2 <= interval <= 3600:
         raise UsageError(f"--interval {args.interval}: give 0.2s to 1h")
     client = Client(args.addr or default_addr())
-    bridge = Bridge(client, Scontrol(), interval)
+    bridge = Bridge(ApiFerry(client), Scontrol(), interval)
 
     def stop(signum: int, frame: object) -> None:
         bridge.stopping.set()  # the round under way ends, then the bridge does

@@ -13,7 +13,7 @@ from ferry.common.errors import UsageError
 from ferry.common.labels import SOURCE_LABEL
 
 __all__ = ["ACTIVE", "BATCH_STEP", "JobView", "Plan", "SlurmStep", "fresh_name", "labels", "plan", "requeue_reason",
-           "workload_env"]
+           "restore_line", "workload_env"]
 
 BATCH_STEP = 0xFFFFFFFB  # SLURM_BATCH_SCRIPT: the step id of a batch job's script
 ACTIVE = frozenset({"pending", "running", "checkpointing", "restoring", "migrating"})
@@ -123,6 +123,19 @@ def plan(step: SlurmStep, jobs: Sequence[JobView]) -> Plan:
                                             f"(SLURM restart {step.restart_count})")
     reason = "it has no checkpoint" if not newest.last_checkpoint else f"it is {newest.state}"
     return Plan("run", fresh_name(step, jobs), f"{newest.name} cannot be restored ({reason}): starting from scratch")
+
+
+def restore_line(name: str, checkpoint: str, final: bool | None, age_s: float, restart: int) -> str:
+    """What the job's output says as it continues: from which checkpoint, and whether it is the final
+    one (taken as it stopped) or the newest periodic one (the work done after it runs again)."""
+    if final:
+        kind = f"its final checkpoint {checkpoint}, taken as it stopped"
+    elif final is None:
+        kind = f"checkpoint {checkpoint}"
+    else:
+        kind = (f"its newest periodic checkpoint {checkpoint}, taken {age_s:.0f} s before Ferry saw it stop: "
+                f"what it did after that runs again")
+    return f"restoring {name} from {kind} (SLURM restart {restart})"
 
 
 def requeue_reason(job: SlurmJob | None, preempt_mode: str) -> str | None:

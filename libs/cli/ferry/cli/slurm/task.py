@@ -36,6 +36,7 @@ from ferry.cli.slurm.plan import (
     labels,
     plan,
     requeue_reason,
+    restore_line,
     workload_env,
 )
 from ferry.cli.slurm.scontrol import Scontrol, SlurmError
@@ -67,6 +68,23 @@ def _views(client: object) -> list[JobView]:
     assert isinstance(client, Client)
     jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest(all=True), timeout=10.0).jobs
     return [JobView(j.name, j.state, j.last_checkpoint, j.created) for j in jobs]
+
+
+def _restore_why(client: object, name: str, restart: int) -> str:
+    """The line the output gets before a restore: which checkpoint, final or periodic."""
+    from ferry.cli.client import Client
+    from ferry.v1 import ferry_pb2 as pb
+
+    assert isinstance(client, Client)
+    job = client.call(client.stub.GetJob, pb.JobRef(job=name), timeout=10.0)
+    try:
+        found = [c for c in client.call(client.stub.ListCheckpoints, pb.JobRef(job=name), timeout=10.0).checkpoints
+                 if c.id == job.last_checkpoint]
+    except FerryError:
+        found = []
+    if not found:
+        return restore_line(name, job.last_checkpoint, None, 0.0, restart)
+    return restore_line(name, job.last_checkpoint, found[0].final, max(0.0, job.updated - found[0].created), restart)
 
 
 def _here_args(step: SlurmStep, action: str, name: str) -> list[str]:
@@ -148,7 +166,9 @@ def run(step: SlurmStep, slurm: Scontrol | None = None) -> int:
             return 1
         time.sleep(WAIT_POLL_S)
         decided = plan(step, _views(client))
-    if decided.why:
+    if decided.action == "restore":
+        _say(_restore_why(client, decided.name, step.restart_count))
+    elif decided.why:
         _say(decided.why)
     code = _start(step, client, decided)
     if code == STOPPED_EXIT:
