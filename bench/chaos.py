@@ -128,7 +128,8 @@ def _free_port() -> int:
 
 
 def running_copies(argv: list[str]) -> tuple[int, int]:
-    """(processes running exactly `argv`, those of them stopped)."""
+    """(processes running exactly `argv`, those of them stopped), but for this process's own
+    children: the uninterrupted reference runs of the same command."""
     want = "\0".join(argv).encode() + b"\0"
     running = stopped = 0
     for d in Path("/proc").iterdir():
@@ -137,8 +138,10 @@ def running_copies(argv: list[str]) -> tuple[int, int]:
         try:
             if (d / "cmdline").read_bytes() != want:
                 continue
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
         except OSError:
+            continue
+        if int(ppid) == os.getpid():
             continue
         if state in ("T", "t"):
             stopped += 1
