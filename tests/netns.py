@@ -23,11 +23,12 @@ import secrets
 import shlex
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from ferry.criu import netcmd
 
 __all__ = ["IP", "NSENTER", "Node", "Nodes", "missing_tools"]
 
@@ -36,28 +37,15 @@ NSENTER = "nsenter"
 _NETNS_DIR = Path("/run/netns")
 
 
-def _search() -> str:
-    return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
-
-
 def missing_tools() -> list[str]:
     """The commands these tests need that are not on PATH (or in sbin)."""
-    return [tool for tool in (IP, NSENTER) if shutil.which(tool, path=_search()) is None]
+    return [name for name in (IP, NSENTER)
+            if shutil.which(name) is None and shutil.which(name, path=netcmd.SBIN_PATH) is None]
 
 
-def _which(tool: str) -> str:
-    found = shutil.which(tool, path=_search())
-    if found is None:
-        raise FileNotFoundError(f"{tool} not found: run ./setup.sh")
-    return found
-
-
-def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    argv = [_which(IP), *(["-n", netns] if netns else []), *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
-    return done
+def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
+    """`ip [-n NETNS] ARGS` (ferry.criu.netcmd: OSError when it fails and `check`); what it printed."""
+    return netcmd.run([IP, *(["-n", netns] if netns else []), *args], check=check)
 
 
 @dataclass(frozen=True)
@@ -86,13 +74,13 @@ class Node:
         (with ``env`` added to the environment)."""
         script = directory / f"{Path(exe).name}-in-{self.netns}"
         assign = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
-        command = f"exec {shlex.quote(_which(NSENTER))} --net={shlex.quote(str(self.path))} -- {shlex.quote(exe)}"
+        command = f"exec {shlex.quote(netcmd.tool(NSENTER))} --net={shlex.quote(str(self.path))} -- {shlex.quote(exe)}"
         script.write_text(f'#!/bin/sh\n{assign}{command} "$@"\n')
         script.chmod(0o755)
         return script
 
     def pids(self) -> list[int]:
-        out = ip("netns", "pids", self.netns, check=False).stdout
+        out = ip("netns", "pids", self.netns, check=False)
         return [int(word) for word in out.split() if word.isdigit()]
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
-import subprocess
 from pathlib import Path
+
+from ferry.criu import netcmd
 
 __all__ = ["NO_NETNS", "SimNetwork"]
 
@@ -54,12 +54,7 @@ class SimNetwork:
                 "FERRY_NET_IP": self.node_ip(self.nodes.index(node) + 1)}
 
     def _ip(self, *args: str) -> None:
-        tool = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
-        if tool is None:
-            raise OSError("iproute2 is missing: run ./setup.sh")
-        done = subprocess.run([tool, *args], capture_output=True, text=True, timeout=30, check=False)
-        if done.returncode != 0:
-            raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        netcmd.run(["ip", *args])
 
     def create(self) -> str | None:
         """Makes the namespaces and links; the reason when it cannot (then nodes have no job network)."""
@@ -94,9 +89,7 @@ class SimNetwork:
     def _free_subnet(self) -> int:
         """The first 10.87.K.0/24, from the tag's, that no address of the host is in (another
         cluster's, on the same machine)."""
-        tool = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin") or "ip"
-        out = subprocess.run([tool, "-4", "-o", "addr", "show"], capture_output=True, text=True, timeout=30,
-                             check=False).stdout
+        out = netcmd.run(["ip", "-4", "-o", "addr", "show"], check=False)
         used = {int(word.split(".")[2]) for word in out.split() if word.startswith("10.87.") and word.count(".") == 3}
         for step in range(200):
             k = (self.k - 20 + step) % 200 + 20

@@ -10,11 +10,10 @@ node's namespace (``enter``), so the node's end lands on that node's bridge.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 from ferry.common.jobnet import BRIDGE, JOB_IF
+from ferry.criu import netcmd
 from ferry.criu.linux import CLONE_NEWNET, setns
 
 __all__ = ["HostEnd", "JobLink", "attach", "enter", "restore_args"]
@@ -29,45 +28,24 @@ class JobLink:
     node_netns: str | None = None  # the namespace holding the node's bridge (a path); None: ours
 
 
-def _ip() -> str:
-    found = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin")
-    if found is None:
-        raise OSError("the ip command (iproute2) is missing: run ./setup.sh")
-    return found
-
-
-def _run(argv: list[str], stdin: str | None = None) -> None:
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30, check=False)
-    if done.returncode != 0:
-        raise OSError(f"{' '.join(argv[:6])} ... failed: {done.stderr.strip() or done.returncode}")
-
-
-def _in(netns: str | None, argv: list[str]) -> list[str]:
-    if netns is None:
-        return argv
-    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
-    return [nsenter, f"--net={netns}", "--", *argv]
-
-
 def attach(pid: int, link: JobLink) -> None:
     """The veth of the job whose network namespace is ``pid``'s: its end configured, the node's
     end up on the node's bridge. Raises OSError. The caller's children must be in the PID
     namespace where ``pid`` is ``pid`` (the kernel reads ``netns PID`` there)."""
-    ip = _ip()
-    _run(_in(link.node_netns, [ip, "link", "add", link.host_if, "type", "veth", "peer", "name", JOB_IF,
-                                "netns", str(pid)]))
-    _run(_in(link.node_netns, [ip, "link", "set", link.host_if, "master", BRIDGE, "up"]))
+    netcmd.run(["ip", "link", "add", link.host_if, "type", "veth", "peer", "name", JOB_IF, "netns", str(pid)],
+               netns=link.node_netns)
+    netcmd.run(["ip", "link", "set", link.host_if, "master", BRIDGE, "up"], netns=link.node_netns)
     script = (f"link set lo up\n"
               f"addr add {link.address}/32 dev {JOB_IF}\n"
               f"link set {JOB_IF} up\n"
               f"route add {link.gateway} dev {JOB_IF} scope link\n"
               f"route add default via {link.gateway} dev {JOB_IF}\n")
-    _run(_in(f"/proc/{pid}/ns/net", [ip, "-batch", "-"]), stdin=script)
+    netcmd.run(["ip", "-batch", "-"], netns=f"/proc/{pid}/ns/net", stdin=script)
     # no ICMP redirects: a peer that was on the same node must stay reachable through the gateway
     # once it moves away (a redirect would make its address look directly reachable, for good)
     conf = "/proc/sys/net/ipv4/conf"
-    _run(_in(f"/proc/{pid}/ns/net", ["sh", "-c", f"echo 0 > {conf}/all/accept_redirects; "
-                                                  f"echo 0 > {conf}/{JOB_IF}/accept_redirects"]))
+    netcmd.run(["sh", "-c", f"echo 0 > {conf}/all/accept_redirects; echo 0 > {conf}/{JOB_IF}/accept_redirects"],
+               netns=f"/proc/{pid}/ns/net")
 
 
 @dataclass(frozen=True)
@@ -82,14 +60,15 @@ class HostEnd:
     node_netns: str | None = None
 
     def set_up(self, up: bool) -> None:
-        _run(_in(self.node_netns, [_ip(), "link", "set", self.host_if, "up" if up else "down"]))
+        netcmd.run(["ip", "link", "set", self.host_if, "up" if up else "down"], netns=self.node_netns)
 
     def delete(self) -> None:
         """Removes it (and the job's end with it); nothing when it is gone already."""
-        done = subprocess.run(_in(self.node_netns, [_ip(), "link", "del", self.host_if]), capture_output=True,
-                              text=True, timeout=30, check=False)
-        if done.returncode != 0 and "Cannot find device" not in done.stderr:
-            raise OSError(f"ip link del {self.host_if}: {done.stderr.strip()}")
+        try:
+            netcmd.run(["ip", "link", "del", self.host_if], netns=self.node_netns)
+        except OSError as exc:
+            if "Cannot find device" not in str(exc):
+                raise
 
 
 def restore_args(host_if: str) -> tuple[str, ...]:

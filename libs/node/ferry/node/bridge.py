@@ -20,14 +20,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import shutil
 import socket
-import subprocess
 
 import psutil
 
 from ferry.common.jobnet import BRIDGE, GATEWAY_MAC, check_range, gateway, host_if, overlapping
 from ferry.common.models import Job, Network
+from ferry.criu import netcmd
 from ferry.criu.veth import HostEnd, JobLink, restore_args
 from ferry.policy.netplan import NetState
 
@@ -98,20 +97,11 @@ class NodeNetwork:
 
     # ---- commands ------------------------------------------------------------------------------
 
-    def _argv(self, argv: list[str]) -> list[str]:
-        if self.netns is None:
-            return argv
-        return [shutil.which("nsenter") or "/usr/bin/nsenter", f"--net={self.netns}", "--", *argv]
-
     def _run(self, *argv: str, stdin: str | None = None, check: bool = True) -> str:
-        tool = shutil.which(argv[0], path="/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin")
-        if tool is None:
-            raise CommandFailed(f"{argv[0]} is missing: run ./setup.sh")
-        done = subprocess.run(self._argv([tool, *argv[1:]]), input=stdin, capture_output=True, text=True,
-                              timeout=30, check=False)
-        if check and done.returncode != 0:
-            raise CommandFailed(f"{' '.join(argv[:5])}: {done.stderr.strip() or f'exit {done.returncode}'}")
-        return done.stdout
+        try:
+            return netcmd.run(list(argv), netns=self.netns, stdin=stdin, check=check)
+        except OSError as exc:
+            raise CommandFailed(str(exc)) from None
 
     def _sysctl(self, key: str, value: str) -> None:
         self._run("sh", "-c", f"echo {value} > /proc/sys/{key.replace('.', '/')}")
