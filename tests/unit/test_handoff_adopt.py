@@ -54,3 +54,33 @@ def test_the_pipes_a_process_writes_to_are_named_as_criu_names_them() -> None:
         for fd in (r, w, saved):
             os.close(fd)
     assert pipes.get("stdout", "").startswith("pipe:[")
+
+
+def test_a_here_command_must_run_as_the_user_the_node_services_run_as(tmp_path: Path) -> None:
+    """`--here` runs the node's shim, which reads the node's job folders and runs CRIU: a caller of
+    another uid is refused in one line before anything starts (a SLURM task then runs the program
+    without Ferry)."""
+    import argparse
+    import types
+
+    import pytest
+
+    from ferry.cli.here import _prepare
+    from ferry.common.errors import UsageError
+
+    node = tmp_path / "nodes" / "node-1"
+    (node / "jobs").mkdir(parents=True)
+
+    class Client:
+        stub = types.SimpleNamespace(ListNodes=None)
+
+        def call(self, method: object, request: object) -> object:
+            return types.SimpleNamespace(nodes=[types.SimpleNamespace(id="node-1", address=str(node))])
+
+    args = argparse.Namespace(node="node-1", cgroup=None)
+    assert _prepare(Client(), args) == node / "jobs"  # type: ignore[arg-type]
+    os.chown(node, 65534, 65534)
+    with pytest.raises(UsageError, match="node node-1's services run as uid 65534, this command as uid 0"):
+        _prepare(Client(), args)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="no node 'node-2' has joined"):
+        _prepare(Client(), argparse.Namespace(node="node-2", cgroup=None))  # type: ignore[arg-type]
