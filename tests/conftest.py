@@ -30,6 +30,24 @@ BIN = Path(sys.executable).parent
 PY = sys.executable
 
 
+# What runs one after another in one worker of `pytest -n 2` (tox's py env), while the other
+# worker runs the rest: everything that loads the machine or looks at all its processes (tests/e2e:
+# copies of a command, lazy-pages daemons), the GPU checks, and the integration tests that start
+# lazy-pages daemons. (xdist's own --dist loadgroup does nothing with pytest 9: it renames node ids
+# through an attribute pytest no longer reads.)
+SERIAL = ("tests/e2e/", "tests/gpu/", "tests/integration/test_criu_lazy.py", "tests/integration/test_live_tcp.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialFirst(LoadScopeScheduling):  # type: ignore[misc]  # a scope runs whole, in order, on one worker
+        def _split_scope(self, nodeid: str) -> str:
+            return "serial" if nodeid.startswith(SERIAL) else nodeid
+
+    return SerialFirst(config, log)
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while True:
