@@ -7,6 +7,7 @@ from ferry.common import wire
 from ferry.common.errors import ConflictError
 from ferry.common.models import CheckpointRecord, Job, JobState, Op, OpKind, OpState
 from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, RestoreArgs
+from ferry.policy import admission
 from ferry.scheduler.ops import checkpoint, restore
 from ferry.scheduler.ops.step import SaveJob, Step
 
@@ -43,11 +44,11 @@ def restore_failed(node: str = "b", unverifiable: bool = False) -> wire.NodeEven
 # ---- checkpoint ----------------------------------------------------------------------------------
 
 def test_only_an_idle_running_job_can_be_checkpointed() -> None:
-    checkpoint.check(job())
+    admission.checkpointable(job())
     with pytest.raises(ConflictError, match="busy"):
-        checkpoint.check(job(op="op-x"))
+        admission.checkpointable(job(op="op-x"))
     with pytest.raises(ConflictError, match="only a running job"):
-        checkpoint.check(job(state=JobState.PREEMPTED))
+        admission.checkpointable(job(state=JobState.PREEMPTED))
 
 
 def test_a_checkpoint_asks_the_jobs_node_and_the_stop_is_remembered_for_a_resend() -> None:

@@ -24,6 +24,7 @@ from ferry.common.models import CheckpointRecord, Event, Job, JobState, Network,
 from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, Plain, RestoreArgs
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
+from ferry.policy import admission
 from ferry.policy import decisions as policy
 from ferry.policy.netplan import published_conflict, with_job_network
 from ferry.policy.placement import LATE_HEARTBEAT
@@ -220,7 +221,7 @@ class Scheduler(Service):
 
     async def checkpoint(self, job: Job, op: Op, *, stop: bool, resumed: bool = False) -> None:
         if not resumed:
-            checkpoint.check(job)
+            admission.checkpointable(job)
         await self.effects.apply(checkpoint.begin(job, op, stop=stop))
 
     async def restore(self, job: Job, op: Op, *, node_id: str | None, checkpoint_id: str | None,
@@ -228,15 +229,7 @@ class Scheduler(Service):
         if resumed:
             await self.send_restore(job, op)
             return
-        checkpoint.require_idle(job, "restore")
-        if job.state == JobState.RUNNING:
-            raise ConflictError(f"job {job.name} is running on {job.node}: use `ferry migrate {job.name} "
-                                f"--to NODE`, or `ferry checkpoint {job.name} --stop` first")
-        if job.state in (JobState.PENDING, JobState.SUCCEEDED):
-            raise ConflictError(f"job {job.name} is {job.state}: there is nothing to restore")
-        ckpt_id = checkpoint_id or job.last_checkpoint
-        if not ckpt_id:
-            raise ConflictError(f"job {job.name} has no committed checkpoint to restore")
+        ckpt_id = admission.restorable(job, checkpoint_id)
         await self.state.checkpoint(job, ckpt_id)
         target = await self._target(job, node_id)
         await self.effects.apply(restore.begin(job, op, target=target, checkpoint=ckpt_id,
@@ -259,21 +252,13 @@ class Scheduler(Service):
             else:
                 await self.checkpoint(job, op, stop=True, resumed=True)
             return
-        checkpoint.require_idle(job, "migrate")
-        if job.state != JobState.RUNNING:
-            raise ConflictError(f"job {job.name} is {job.state}: only a running job can be migrated "
-                                f"(use `ferry restore` for a stopped one)")
+        admission.migratable(job)
         if not to:
             raise UsageError("say where to: `ferry migrate JOB --to NODE`")
-        if job.supervised_elsewhere:
-            raise ConflictError(f"job {job.name} runs under its own supervisor on {job.node} (`--here` or "
-                                f"adopted), which owns it: `ferry checkpoint {job.name} --stop`, then `ferry restore "
-                                f"{job.name} --node NODE` moves it")
         target = await self._target(job, to)
-        if target == job.node:
-            raise ConflictError(f"job {job.name} runs on {target} already")
+        admission.not_there(job, target)
         if live:
-            live_move.refuse_live(job)
+            admission.live_movable(job)
             await self.start_live(job, op, target)
             return
         assert isinstance(op.args, ColdMove)

@@ -9,24 +9,10 @@ running where it was.
 """
 
 from ferry.common import wire
-from ferry.common.errors import ConflictError
-from ferry.common.models import BUSY_STATES, CheckpointRecord, Job, JobState, Op, OpKind, OpState
+from ferry.common.models import CheckpointRecord, Job, JobState, Op, OpKind, OpState
 from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove
 from ferry.scheduler.ops import restore
 from ferry.scheduler.ops.step import Step, derived_id, next_checkpoint_at
-
-
-def require_idle(job: Job, what: str) -> None:
-    if job.state in BUSY_STATES or job.op:
-        raise ConflictError(f"job {job.name} is busy ({job.state}, op {job.op}); try the {what} "
-                            f"again when it is done")
-
-
-def check(job: Job) -> None:
-    """A user's checkpoint: only of a running job that nothing else is happening to."""
-    require_idle(job, "checkpoint")
-    if job.state != JobState.RUNNING:
-        raise ConflictError(f"job {job.name} is {job.state}: only a running job can be checkpointed")
 
 
 def begin(job: Job, op: Op, *, stop: bool) -> Step:

@@ -26,7 +26,6 @@ they exchange: ``ferry.common.moves``.
 """
 
 from ferry.common import wire
-from ferry.common.errors import ConflictError
 from ferry.common.models import CheckpointRecord, Event, Job, JobState, Node, NodeState, Op, OpState
 from ferry.common.moves import FaultPhase, LiveFrozen, LiveLocal, LiveRestored, NodeOptions
 from ferry.common.opargs import ColdMove, LiveMove, Round
@@ -57,13 +56,6 @@ def precopy_done(shipped: list[int], max_rounds: int = MAX_ROUNDS) -> bool:
     if len(shipped) >= 2 and shipped[-1] <= ALMOST_NOTHING * max(shipped[0], 1):
         return True
     return len(shipped) >= 2 and shipped[-1] > GROWTH * shipped[-2]
-
-
-def refuse_live(job: Job) -> None:
-    if job.container:
-        raise ConflictError(f"job {job.name} is a container: live moves of containers are not built; drop --live")
-    if job.gpu_uuids:
-        raise ConflictError(f"job {job.name} uses GPUs: CUDA state cannot be served lazily; drop --live")
 
 
 def _args(op: Op) -> LiveMove:
