@@ -4,6 +4,7 @@ change, refuses a malformed feed with the file and line named, and keeps the las
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -67,6 +68,9 @@ async def test_feeds_become_prices_and_events(nats_url: str, tmp_path: Path) -> 
 
             await wait_for(spot_changed)
             assert any(e.kind == "price" and "0.7100" in e.message for e in events)
+            market = json.loads((await stub.GetSignal(pb.SignalRequest(name="spot_market"))).json)
+            assert [(m["spot_price"], m["on_demand_price"], m["trend"]) for m in market] == [
+                (0.71, 3.06, round(0.71 / 0.92 - 1, 4))]  # the trend: the spot price's last change
             catalog.write_text(HEADER + "p3.2xlarge,V100,1,8,61,lots,0.5,us-east-1,us-east-1a\n")
             os.utime(catalog, (2, 2))
 

@@ -15,6 +15,106 @@ import typing
 DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
 @typing.final
+class SignalRequest(google.protobuf.message.Message):
+    """Mutating calls may carry the metadata "x-ferry-reason" (why, in the caller's words): the audit
+    trail records it, and an agent's token is refused a mutating call without one.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: builtins.int
+    JOB_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    """queue, sla_risk, spot_market, cluster_health, savings, explain"""
+    job: builtins.str
+    """explain: the job (name or id)"""
+    def __init__(
+        self,
+        *,
+        name: builtins.str = ...,
+        job: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job", b"job", "name", b"name"]) -> None: ...
+
+global___SignalRequest = SignalRequest
+
+@typing.final
+class SignalReply(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: builtins.int
+    JSON_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    json: builtins.str
+    def __init__(
+        self,
+        *,
+        name: builtins.str = ...,
+        json: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["json", b"json", "name", b"name"]) -> None: ...
+
+global___SignalReply = SignalReply
+
+@typing.final
+class PlanRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: builtins.int
+    RESTORE_FIELD_NUMBER: builtins.int
+    MIGRATE_FIELD_NUMBER: builtins.int
+    DRAIN_FIELD_NUMBER: builtins.int
+    KILL_FIELD_NUMBER: builtins.int
+    @property
+    def checkpoint(self) -> global___CheckpointRequest: ...
+    @property
+    def restore(self) -> global___RestoreRequest: ...
+    @property
+    def migrate(self) -> global___MigrateRequest: ...
+    @property
+    def drain(self) -> global___DrainNodeRequest: ...
+    @property
+    def kill(self) -> global___KillJobRequest: ...
+    def __init__(
+        self,
+        *,
+        checkpoint: global___CheckpointRequest | None = ...,
+        restore: global___RestoreRequest | None = ...,
+        migrate: global___MigrateRequest | None = ...,
+        drain: global___DrainNodeRequest | None = ...,
+        kill: global___KillJobRequest | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["action", b"action", "checkpoint", b"checkpoint", "drain", b"drain", "kill", b"kill", "migrate", b"migrate", "restore", b"restore"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["action", b"action", "checkpoint", b"checkpoint", "drain", b"drain", "kill", b"kill", "migrate", b"migrate", "restore", b"restore"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["action", b"action"]) -> typing.Literal["checkpoint", "restore", "migrate", "drain", "kill"] | None: ...
+
+global___PlanRequest = PlanRequest
+
+@typing.final
+class PlanReply(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: builtins.int
+    SUMMARY_FIELD_NUMBER: builtins.int
+    JSON_FIELD_NUMBER: builtins.int
+    action: builtins.str
+    """checkpoint, restore, migrate, drain, undrain, kill"""
+    summary: builtins.str
+    """one paragraph: what would happen, what it would cost and save"""
+    json: builtins.str
+    """the plan in full (ferry.policy.plans.Plan)"""
+    def __init__(
+        self,
+        *,
+        action: builtins.str = ...,
+        summary: builtins.str = ...,
+        json: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["action", b"action", "json", b"json", "summary", b"summary"]) -> None: ...
+
+global___PlanReply = PlanReply
+
+@typing.final
 class WhoAmIRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
@@ -120,6 +220,8 @@ class AuditEntry(google.protobuf.message.Message):
     TARGET_FIELD_NUMBER: builtins.int
     OUTCOME_FIELD_NUMBER: builtins.int
     ERROR_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    COST_PER_HOUR_FIELD_NUMBER: builtins.int
     time: builtins.float
     tenant: builtins.str
     who: builtins.str
@@ -131,6 +233,10 @@ class AuditEntry(google.protobuf.message.Message):
     outcome: builtins.str
     """"ok" or the gRPC status, e.g. "PERMISSION_DENIED" """
     error: builtins.str
+    reason: builtins.str
+    """why, as the caller said (x-ferry-reason)"""
+    cost_per_hour: builtins.float
+    """the hourly price of the node the call sent work to"""
     def __init__(
         self,
         *,
@@ -142,8 +248,10 @@ class AuditEntry(google.protobuf.message.Message):
         target: builtins.str = ...,
         outcome: builtins.str = ...,
         error: builtins.str = ...,
+        reason: builtins.str = ...,
+        cost_per_hour: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["error", b"error", "method", b"method", "outcome", b"outcome", "role", b"role", "target", b"target", "tenant", b"tenant", "time", b"time", "who", b"who"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cost_per_hour", b"cost_per_hour", "error", b"error", "method", b"method", "outcome", b"outcome", "reason", b"reason", "role", b"role", "target", b"target", "tenant", b"tenant", "time", b"time", "who", b"who"]) -> None: ...
 
 global___AuditEntry = AuditEntry
 
@@ -209,6 +317,7 @@ class Price(google.protobuf.message.Message):
     PRICE_PER_HOUR_FIELD_NUMBER: builtins.int
     TIMESTAMP_FIELD_NUMBER: builtins.int
     SOURCE_FIELD_NUMBER: builtins.int
+    PREVIOUS_PRICE_PER_HOUR_FIELD_NUMBER: builtins.int
     zone: builtins.str
     region: builtins.str
     instance_type: builtins.str
@@ -216,6 +325,8 @@ class Price(google.protobuf.message.Message):
     price_per_hour: builtins.float
     timestamp: builtins.float
     source: builtins.str
+    previous_price_per_hour: builtins.float
+    """the price this one replaced (0: none yet)"""
     def __init__(
         self,
         *,
@@ -226,8 +337,9 @@ class Price(google.protobuf.message.Message):
         price_per_hour: builtins.float = ...,
         timestamp: builtins.float = ...,
         source: builtins.str = ...,
+        previous_price_per_hour: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["instance_type", b"instance_type", "market", b"market", "price_per_hour", b"price_per_hour", "region", b"region", "source", b"source", "timestamp", b"timestamp", "zone", b"zone"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["instance_type", b"instance_type", "market", b"market", "previous_price_per_hour", b"previous_price_per_hour", "price_per_hour", b"price_per_hour", "region", b"region", "source", b"source", "timestamp", b"timestamp", "zone", b"zone"]) -> None: ...
 
 global___Price = Price
 

@@ -119,6 +119,16 @@ class FerryAdminStub:
                 request_serializer=ferry_dot_v1_dot_ferry__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_ferry__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.GetSignal = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/GetSignal',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.SignalRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.SignalReply.FromString,
+                _registered_method=True)
+        self.Plan = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/Plan',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.PlanRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.PlanReply.FromString,
+                _registered_method=True)
 
 
 class FerryAdminServicer:
@@ -231,6 +241,23 @@ class FerryAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSignal(self, request, context):
+        """What operators and their agents watch (ferry.policy.signals): queue, sla_risk, spot_market,
+        cluster_health, savings, and explain (of one job). The answer is the signal as JSON, whose schema
+        is the pydantic model of that name there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Plan(self, request, context):
+        """A dry run: what one mutating call would do, refused exactly as the call itself would be (same
+        checks, same limits, same status codes); nothing changes and nothing is audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FerryAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +345,16 @@ def add_FerryAdminServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=ferry_dot_v1_dot_ferry__pb2.ListAuditRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_ferry__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'GetSignal': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSignal,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.SignalRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.SignalReply.SerializeToString,
+            ),
+            'Plan': grpc.unary_unary_rpc_method_handler(
+                    servicer.Plan,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.PlanRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.PlanReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -779,6 +816,60 @@ class FerryAdmin:
             '/ferry.v1.FerryAdmin/ListAudit',
             ferry_dot_v1_dot_ferry__pb2.ListAuditRequest.SerializeToString,
             ferry_dot_v1_dot_ferry__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSignal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/GetSignal',
+            ferry_dot_v1_dot_ferry__pb2.SignalRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.SignalReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Plan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/Plan',
+            ferry_dot_v1_dot_ferry__pb2.PlanRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.PlanReply.FromString,
             options,
             channel_credentials,
             insecure,

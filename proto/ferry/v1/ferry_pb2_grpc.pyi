@@ -111,6 +111,23 @@ class FerryAdminStub:
     ]
     """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's)."""
 
+    GetSignal: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.SignalRequest,
+        ferry.v1.ferry_pb2.SignalReply,
+    ]
+    """What operators and their agents watch (ferry.policy.signals): queue, sla_risk, spot_market,
+    cluster_health, savings, and explain (of one job). The answer is the signal as JSON, whose schema
+    is the pydantic model of that name there.
+    """
+
+    Plan: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.PlanRequest,
+        ferry.v1.ferry_pb2.PlanReply,
+    ]
+    """A dry run: what one mutating call would do, refused exactly as the call itself would be (same
+    checks, same limits, same status codes); nothing changes and nothing is audited.
+    """
+
 class FerryAdminAsyncStub:
     SubmitJob: grpc.aio.UnaryUnaryMultiCallable[
         ferry.v1.ferry_pb2.SubmitJobRequest,
@@ -201,6 +218,23 @@ class FerryAdminAsyncStub:
         ferry.v1.ferry_pb2.ListAuditResponse,
     ]
     """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's)."""
+
+    GetSignal: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.SignalRequest,
+        ferry.v1.ferry_pb2.SignalReply,
+    ]
+    """What operators and their agents watch (ferry.policy.signals): queue, sla_risk, spot_market,
+    cluster_health, savings, and explain (of one job). The answer is the signal as JSON, whose schema
+    is the pydantic model of that name there.
+    """
+
+    Plan: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.PlanRequest,
+        ferry.v1.ferry_pb2.PlanReply,
+    ]
+    """A dry run: what one mutating call would do, refused exactly as the call itself would be (same
+    checks, same limits, same status codes); nothing changes and nothing is audited.
+    """
 
 class FerryAdminServicer(metaclass=abc.ABCMeta):
     @abc.abstractmethod
@@ -326,5 +360,26 @@ class FerryAdminServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[ferry.v1.ferry_pb2.ListAuditResponse, collections.abc.Awaitable[ferry.v1.ferry_pb2.ListAuditResponse]]:
         """The audit trail of mutating calls (a user sees its tenant's, an admin everyone's)."""
+
+    @abc.abstractmethod
+    def GetSignal(
+        self,
+        request: ferry.v1.ferry_pb2.SignalRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.ferry_pb2.SignalReply, collections.abc.Awaitable[ferry.v1.ferry_pb2.SignalReply]]:
+        """What operators and their agents watch (ferry.policy.signals): queue, sla_risk, spot_market,
+        cluster_health, savings, and explain (of one job). The answer is the signal as JSON, whose schema
+        is the pydantic model of that name there.
+        """
+
+    @abc.abstractmethod
+    def Plan(
+        self,
+        request: ferry.v1.ferry_pb2.PlanRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.ferry_pb2.PlanReply, collections.abc.Awaitable[ferry.v1.ferry_pb2.PlanReply]]:
+        """A dry run: what one mutating call would do, refused exactly as the call itself would be (same
+        checks, same limits, same status codes); nothing changes and nothing is audited.
+        """
 
 def add_FerryAdminServicer_to_server(servicer: FerryAdminServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

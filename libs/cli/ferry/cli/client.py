@@ -1,5 +1,6 @@
 """The CLI's connection to the admin API, and the translation of gRPC errors into exit codes."""
 
+import copy
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -28,15 +29,27 @@ class ApiError(FerryError):
         self.exit_code = exit_code
 
 
+REASON_KEY = "x-ferry-reason"
+
+
+def reason_header(reason: str) -> str:
+    """A reason as gRPC metadata carries it: printable ASCII on one line (others become '?')."""
+    flat = " ".join(reason.split())
+    return "".join(c if " " <= c <= "~" else "?" for c in flat)[:500]
+
+
 def default_addr() -> str:
     return os.environ.get("FERRY_ADDR", "127.0.0.1:7070")
 
 
 class Client:
-    def __init__(self, addr: str | None = None, token: str | None = None, connect_timeout: float = 5.0) -> None:
+    def __init__(self, addr: str | None = None, token: str | None = None, connect_timeout: float = 5.0,
+                 reason: str | None = None) -> None:
         self.addr = addr or default_addr()
         token = token if token is not None else os.environ.get("FERRY_TOKEN", "")
         self.metadata: list[tuple[str, str]] = [("authorization", f"Bearer {token}")] if token else []
+        reason = reason if reason is not None else os.environ.get("FERRY_REASON", "")
+        self.metadata += self.reason_metadata(reason)
         self.channel = open_channel(self.addr)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout)
@@ -45,6 +58,16 @@ class Client:
             raise FerryError(f"cannot reach the Ferry API at {self.addr}: is `ferry up` running? "
                              f"(set FERRY_ADDR to its address{hint})") from exc
         self.stub = pb_grpc.FerryAdminStub(self.channel)
+
+    @staticmethod
+    def reason_metadata(reason: str) -> list[tuple[str, str]]:
+        return [(REASON_KEY, reason_header(reason))] if reason.strip() else []
+
+    def with_reason(self, reason: str) -> "Client":
+        """The same connection, its calls carrying ``reason`` (the audit trail records it)."""
+        other = copy.copy(self)
+        other.metadata = [m for m in self.metadata if m[0] != REASON_KEY] + self.reason_metadata(reason)
+        return other
 
     def call(self, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
         try:

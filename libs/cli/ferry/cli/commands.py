@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.cli.client import ApiError, Client
+from ferry.cli.insight import dry_run
 from ferry.cli.output import ago, job_dict, print_json, size, table, to_dict
 from ferry.common.errors import UsageError, from_kind
 from ferry.common.labels import SOURCE_LABEL
@@ -199,8 +200,10 @@ def checkpoint_view(c: pb.Checkpoint) -> dict[str, Any]:
 
 
 def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
-    final = _follow_op(client, args, client.stub.Checkpoint, pb.CheckpointRequest(job=args.job, stop=args.stop),
-                       f"checkpoint {args.job}")
+    req = pb.CheckpointRequest(job=args.job, stop=args.stop)
+    if args.dry_run:
+        return dry_run(client, args, pb.PlanRequest(checkpoint=req))
+    final = _follow_op(client, args, client.stub.Checkpoint, req, f"checkpoint {args.job}")
     c = final.checkpoint
     if _json(args):
         print_json(checkpoint_view(c))
@@ -230,11 +233,15 @@ def cmd_restore(client: Client, args: argparse.Namespace) -> int:
 
         return restore_here(client, args)
     req = pb.RestoreRequest(job=args.job, node=args.node or "", checkpoint=args.checkpoint or "")
+    if args.dry_run:
+        return dry_run(client, args, pb.PlanRequest(restore=req))
     return _moved(args, _follow_op(client, args, client.stub.Restore, req, f"restore {args.job}"), "restored")
 
 
 def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
     req = pb.MigrateRequest(job=args.job, to=args.to, live=args.live, tcp_established=args.tcp_established)
+    if args.dry_run:
+        return dry_run(client, args, pb.PlanRequest(migrate=req))
     final = _follow_op(client, args, client.stub.Migrate, req, f"migrate {args.job}" + (" (live)" if args.live else ""))
     if not args.live:
         return _moved(args, final, "runs")
@@ -345,6 +352,8 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_kill(client: Client, args: argparse.Namespace) -> int:
     grace = parse_duration(args.grace) if args.grace else 5.0
+    if args.dry_run:
+        return dry_run(client, args, pb.PlanRequest(kill=pb.KillJobRequest(job=args.job, grace_s=grace)))
     job = client.call(client.stub.KillJob, pb.KillJobRequest(job=args.job, grace_s=grace))
     if _json(args):
         print_json(job_dict(job))
@@ -375,6 +384,8 @@ def cmd_drain(client: Client, args: argparse.Namespace) -> int:
     # the API waits (on a watch of the jobs) until every job that ran there runs elsewhere, is
     # parked or has ended; past the timeout it answers with the jobs left
     wait_s = 0.0 if args.no_wait else max(timeout, 0.001)
+    if args.dry_run:
+        return dry_run(client, args, pb.PlanRequest(drain=pb.DrainNodeRequest(node=args.node)))
     node = client.call(client.stub.DrainNode, pb.DrainNodeRequest(node=args.node, wait_s=wait_s),
                        timeout=wait_s + 60 if wait_s else None)
     jobs = client.call(client.stub.ListJobs, pb.ListJobsRequest()).jobs
@@ -389,6 +400,8 @@ def cmd_drain(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_undrain(client: Client, args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return dry_run(client, args, pb.PlanRequest(drain=pb.DrainNodeRequest(node=args.node, undo=True)))
     node = client.call(client.stub.DrainNode, pb.DrainNodeRequest(node=args.node, undo=True))
     if _json(args):
         print_json(to_dict(node))
@@ -451,6 +464,6 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> int:
         print_json([to_dict(e) for e in entries])
         return 0
     table([[time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)), e.tenant, e.who, e.method, e.target,
-            e.outcome + (f": {e.error}" if e.error else "")] for e in entries],
-          ["TIME", "TENANT", "WHO", "CALL", "TARGET", "OUTCOME"])
+            e.outcome + (f": {e.error}" if e.error else ""), e.reason or "-"] for e in entries],
+          ["TIME", "TENANT", "WHO", "CALL", "TARGET", "OUTCOME", "REASON"])
     return 0

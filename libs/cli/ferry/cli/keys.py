@@ -60,7 +60,9 @@ def add_keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], co
                    help="nomad: the JSON of a Nomad variable (nomad var put -in json PATH -)")
     a = actions.add_parser("token", help="make an API token for a tenant; prints it once", parents=[common, where])
     a.add_argument("--tenant", required=True)
-    a.add_argument("--role", choices=["user", "admin"], default="user")
+    a.add_argument("--role", choices=["user", "admin", "agent"], default="user",
+                   help="agent: a user of its tenant that may also drain nodes; its calls need a reason and stay "
+                        "within the tenant's agent_limits")
     a.add_argument("--name", default="", help="who holds it (shown in the audit trail; revoke by it)")
     a.add_argument("--tokens-file", help="default: FERRY_TOKENS_FILE, else DATA_DIR/secrets/tokens.yaml")
     a = actions.add_parser("revoke", help="remove the tokens of this name", parents=[common, where])

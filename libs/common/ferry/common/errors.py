@@ -35,6 +35,10 @@ class QuotaExceeded(UsageError):
     """A submit that would take the tenant past its quota; nothing was started."""
 
 
+class LimitExceeded(QuotaExceeded):
+    """An agent's action over one of the hourly limits its operator set; nothing was changed."""
+
+
 class PermissionDenied(FerryError):
     """The caller's token does not allow this (an admin's call, say); nothing was changed."""
 

@@ -253,6 +253,9 @@ class AuditEntry(Record):
     target: str = ""
     outcome: str  # "ok" or the gRPC status name
     error: str = ""
+    reason: str = ""  # why, in the caller's words (required of agents)
+    cost_per_hour: float = 0.0  # the hourly price of the node the call sent work to (a move's target)
+    undo: bool = False  # an undrain
 
 
 class ServiceBeat(Record):
@@ -275,3 +278,5 @@ class PriceRecord(Record):
     price_per_hour: float
     timestamp: float = 0.0
     source: str = ""
+    previous_price_per_hour: float | None = None  # the price this one replaced (the trend)
+    previous_timestamp: float | None = None

@@ -6,8 +6,14 @@ never tokens::
     tokens:
       - {sha256: 9f86d0..., tenant: acme, role: user, name: ci-bot}
       - {sha256: 2c26b4..., tenant: ops, role: admin, name: alice}
+      - {sha256: 4e07f8..., tenant: acme, role: agent, name: openclaw}
     tenants:
-      acme: {quota: {cpus: 8, memory: 16GiB, gpus: 1, jobs: 10}}
+      acme: {quota: {cpus: 8, memory: 16GiB, gpus: 1, jobs: 10},
+             agent_limits: {moves_per_hour: 6, drains_per_hour: 1, cost_per_hour: 20}}
+
+An agent is a user of its tenant (it sees and acts on that tenant's jobs only) that may also drain
+nodes, and whose every mutating call must give a reason and stays within its tenant's hourly
+``agent_limits`` (ferry.common.guardrails).
 
 `ferry keys token --tenant acme` makes a token and adds its hash. The file is read again when it
 changes, so a token is added or revoked (its line deleted) without a restart. FERRY_TOKEN, where
@@ -27,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError
 
 from ferry.common.errors import ConfigError, PermissionDenied, QuotaExceeded
+from ferry.common.guardrails import AgentLimits
 from ferry.common.models import DEFAULT_TENANT, Job
 from ferry.common.wire import is_token
 
@@ -34,6 +41,7 @@ from ferry.common.wire import is_token
 class Role(StrEnum):
     ADMIN = "admin"
     USER = "user"
+    AGENT = "agent"  # a user of its tenant whose actions need a reason and stay within hourly limits
 
 
 class Quota(BaseModel):
@@ -73,6 +81,7 @@ class TenantConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     quota: Quota = Field(default_factory=Quota)
+    agent_limits: AgentLimits = Field(default_factory=AgentLimits)
 
 
 class TokensFile(BaseModel):
@@ -94,6 +103,10 @@ class Principal(BaseModel):
     @property
     def admin(self) -> bool:
         return self.role is Role.ADMIN
+
+    @property
+    def agent(self) -> bool:
+        return self.role is Role.AGENT
 
     def require_admin(self, what: str) -> None:
         if not self.admin:
@@ -171,6 +184,10 @@ class Tenants:
             if hmac.compare_digest(entry.sha256, digest):
                 return Principal(tenant=entry.tenant, role=entry.role, who=entry.name or entry.sha256[:8])
         return None
+
+    def agent_limits(self, tenant: str) -> AgentLimits:
+        config = self._table.tenants.get(tenant)
+        return config.agent_limits if config else AgentLimits()
 
     def quota(self, tenant: str) -> Quota:
         config = self._table.tenants.get(tenant)

@@ -21,8 +21,12 @@ from ferry.common.models import AuditEntry
 from ferry.common.tenancy import OPEN, Principal, Tenants
 
 METADATA_KEY = "authorization"
+REASON_KEY = "x-ferry-reason"
+REASON_MAX = 500
 MUTATING = frozenset({"SubmitJob", "KillJob", "Checkpoint", "Restore", "Migrate", "DrainNode", "Chaos"})
 CALLER: contextvars.ContextVar[Principal] = contextvars.ContextVar("ferry_caller", default=OPEN)
+# what a handler learnt that the audit entry should carry (the cost the call committed)
+NOTES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("ferry_call_notes")
 
 if TYPE_CHECKING:  # grpc's classes are generic only in their stubs (types-grpcio)
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -34,6 +38,17 @@ Audit = Callable[[AuditEntry], Awaitable[None]]
 
 def caller() -> Principal:
     return CALLER.get()
+
+
+def notes() -> dict[str, Any]:
+    """This call's notes (empty outside a call)."""
+    return NOTES.get({})
+
+
+def note(key: str, value: Any) -> None:
+    """Adds ``key`` to this call's audit entry (outside a call, nothing)."""
+    with contextlib.suppress(LookupError):
+        NOTES.get()[key] = value
 
 
 def target_of(request: Any) -> str:
@@ -77,40 +92,55 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if principal is None:
             return _deny(handler)
         method = str(handler_call_details.method).rpartition("/")[2]
-        return self._wrap(handler, principal, method)
+        reason = " ".join(str(metadata.get(REASON_KEY, "")).split())[:REASON_MAX]
+        return self._wrap(handler, principal, method, reason)
 
     async def _record(self, principal: Principal, method: str, request: Any, context: Any,
-                      exc: BaseException | None, last: Any = None) -> None:
+                      exc: BaseException | None, last: Any = None, reason: str = "",
+                      notes: dict[str, Any] | None = None) -> None:
         if method not in MUTATING:
             return
         outcome, error = _outcome(context, exc, last)
+        notes = notes or {}
         await self._audit(AuditEntry(time=time.time(), tenant=principal.tenant, who=principal.who,
                                      role=principal.role.value, method=method, target=target_of(request),
-                                     outcome=outcome, error=error[:500]))
+                                     outcome=outcome, error=error[:500], reason=reason,
+                                     cost_per_hour=float(notes.get("cost_per_hour", 0.0)),
+                                     undo=bool(getattr(request, "undo", False))))
 
     @contextlib.asynccontextmanager
-    async def _call(self, principal: Principal, method: str, request: Any,
+    async def _call(self, principal: Principal, method: str, reason: str, request: Any,
                     context: Any) -> AsyncIterator[list[Any]]:
         """One call as ``principal``, recorded in the audit trail however it ends (a stream puts
-        each update it sends in the yielded list: the last one may tell a failed operation)."""
+        each update it sends in the yielded list: the last one may tell a failed operation). An
+        agent's mutating call without a reason ends here, refused."""
         CALLER.set(principal)
+        notes: dict[str, Any] = {}
+        NOTES.set(notes)
         failure: BaseException | None = None
         sent: list[Any] = []
         try:
+            if principal.agent and method in MUTATING and not reason:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
+                    f"an agent must say why it calls {method}: give a reason (--reason, the tools' reason "
+                    f"argument, or the {REASON_KEY} metadata)"))
             yield sent
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            await self._record(principal, method, request, context, failure, sent[-1] if sent else None)
+            await self._record(principal, method, request, context, failure, sent[-1] if sent else None, reason,
+                               notes)
 
-    def _wrap(self, handler: Handler, principal: Principal, method: str) -> Handler:
-        call = self._call
+    def _wrap(self, handler: Handler, principal: Principal, method: str, reason: str) -> Handler:
+        def call(request: Any, context: Any) -> contextlib.AbstractAsyncContextManager[list[Any]]:
+            return self._call(principal, method, reason, request, context)
+
         if handler.response_streaming:
             inner_stream: Any = handler.unary_stream  # an async generator function under grpc.aio
 
             async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                async with call(principal, method, request, context) as sent:
+                async with call(request, context) as sent:
                     async for item in inner_stream(request, context):
                         sent[:] = [item]
                         yield item
@@ -121,7 +151,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         inner: Any = handler.unary_unary  # a coroutine function under grpc.aio
 
         async def unary(request: Any, context: Context) -> Any:
-            async with call(principal, method, request, context):
+            async with call(request, context):
                 return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(

@@ -64,7 +64,8 @@ def gpu_to_pb(g: dict[str, Any]) -> pb.Gpu:
 
 def price_to_pb(p: PriceRecord) -> pb.Price:
     return pb.Price(zone=p.zone, region=p.region, instance_type=p.instance_type, market=p.market,
-                    price_per_hour=p.price_per_hour, timestamp=p.timestamp, source=p.source)
+                    price_per_hour=p.price_per_hour, timestamp=p.timestamp, source=p.source,
+                    previous_price_per_hour=p.previous_price_per_hour or 0.0)
 
 
 def event_to_pb(e: Event) -> pb.Event:
@@ -84,4 +85,5 @@ def op_to_update(op: Op) -> pb.OpUpdate:
 
 def audit_to_pb(entry: AuditEntry) -> pb.AuditEntry:
     return pb.AuditEntry(time=entry.time, tenant=entry.tenant, who=entry.who, role=entry.role, method=entry.method,
-                         target=entry.target, outcome=entry.outcome, error=entry.error)
+                         target=entry.target, outcome=entry.outcome, error=entry.error, reason=entry.reason,
+                         cost_per_hour=entry.cost_per_hour)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -17,19 +17,21 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 
 from ferry.api import convert
-from ferry.api.auth import AuthInterceptor, caller
+from ferry.api.auth import AuthInterceptor, caller, note, notes
 from ferry.api.errors import ErrorInterceptor, status_of
 from ferry.api.listen import Listener
-from ferry.common import wire
+from ferry.common import guardrails, wire
 from ferry.common.bus import Bus, BusError
 from ferry.common.config import Settings
-from ferry.common.errors import FerryError, NotFoundError, UsageError, from_kind
+from ferry.common.errors import FerryError, LimitExceeded, NotFoundError, UsageError, from_kind
 from ferry.common.jobspec import check_request
 from ferry.common.models import TERMINAL_STATES, AuditEntry, Event, Job, JobState, Op, OpKind, new_id
 from ferry.common.sealing import read_key, seal_env
 from ferry.common.service import Service, service_main
 from ferry.common.tenancy import Tenants, Usage
 from ferry.common.tracing import extract, tracer
+from ferry.policy import admission, plans, signals
+from ferry.policy.views import effective_price
 from ferry.sim import chaos
 from ferry.v1 import ferry_pb2 as pb
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
@@ -51,6 +53,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         self.timeout_s = settings.api_timeout_s
         self.data_dir = settings.data_dir
         self._env_key: bytes | None = None
+        self._pending: dict[tuple[str, str, str], int] = {}  # an agent's allowed actions not yet audited
 
     def env_public_key(self) -> bytes:
         """The nodes' public key that job environments are sealed to (read once)."""
@@ -181,7 +184,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                        ) -> pb.OpUpdate:
         """Builds a command (its checks may refuse it), runs the op to its end and returns the last
         update; every failure ends the call with the matching gRPC status."""
-        with self.span(name, context):
+        with self.span(name, context), self.held():
             try:
                 update = await self.op_result(await build())
             except FerryError as exc:
@@ -240,8 +243,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def KillJob(self, request: pb.KillJobRequest, context: Ctx) -> pb.Job:
         async def build() -> wire.SchedulerCommand:
-            job = await self.resolve(request.job)
-            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.KILL, job=job.id, grace_s=request.grace_s or 5.0)
+            return (await self.kill_cmd(request))[0]
 
         return (await self.unary_op("KillJob", context, build)).job
 
@@ -266,7 +268,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         return convert.job_to_pb(job)
 
     async def _stream_op(self, name: str, context: Ctx, build: Any) -> AsyncIterator[pb.OpUpdate]:
-        with self.span(name, context) as span:
+        with self.span(name, context) as span, self.held():
             try:
                 cmd = await build()
             except FerryError as exc:
@@ -279,44 +281,131 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                     span.set_status(trace.Status(trace.StatusCode.ERROR, update.error))
                 yield update
 
+    # ---- the mutating calls' checks: shared by the calls and their dry runs (Plan) --------------
+
+    async def checkpoint_cmd(self, request: pb.CheckpointRequest) -> tuple[wire.SchedulerCommand, Job]:
+        job = await self.resolve(request.job)
+        return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, stop=request.stop), job
+
+    async def restore_cmd(self, request: pb.RestoreRequest) -> tuple[wire.SchedulerCommand, Job]:
+        job = await self.resolve(request.job)
+        if request.node:
+            await self.require_node(request.node)
+        if request.checkpoint:
+            found = wire.is_token(request.checkpoint) and await self.bus.checkpoints.get(
+                wire.ckpt_key(job.id, request.checkpoint))
+            if not found:
+                raise NotFoundError(f"job {job.name} has no checkpoint {request.checkpoint!r}: "
+                                    f"`ferry checkpoints {job.name}` lists them")
+        if request.here and not request.node:
+            raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
+        return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, job=job.id, node=request.node or None,
+                                     checkpoint=request.checkpoint or None, here=request.here), job
+
+    async def migrate_cmd(self, request: pb.MigrateRequest) -> tuple[wire.SchedulerCommand, Job]:
+        job = await self.resolve(request.job)
+        if not request.to:
+            raise UsageError("say where to: `ferry migrate JOB --to NODE`")
+        if request.tcp_established and not request.live:
+            raise UsageError("--tcp-established goes with --live (a cold move closes connections)")
+        await self.require_node(request.to)
+        return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.MIGRATE, job=job.id, node=request.to,
+                                     live=request.live, tcp_established=request.tcp_established), job
+
+    async def kill_cmd(self, request: pb.KillJobRequest) -> tuple[wire.SchedulerCommand, Job]:
+        job = await self.resolve(request.job)
+        return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.KILL, job=job.id,
+                                     grace_s=request.grace_s or 5.0), job
+
+    async def drain_cmd(self, request: pb.DrainNodeRequest) -> wire.SchedulerCommand:
+        me = caller()
+        if not (me.admin or me.agent):
+            me.require_admin("draining a node")
+        await self.require_node(request.node)
+        return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN, node=request.node, stop=request.undo)
+
+    async def snapshot(self, job: Job | None = None) -> signals.Snapshot:
+        """The records the signals and plans read, as the caller may see them (another tenant's jobs
+        are left out; nodes and prices are everyone's)."""
+        me = caller()
+        jobs = [j for j in await self.bus.jobs.values() if me.may_see(j)]
+        prefix = f"{job.id}." if job is not None else ""
+        seen = {j.id for j in jobs}
+        checkpoints = [c for c in await self.bus.checkpoints.values(prefix=prefix) if c.job in seen]
+        return signals.Snapshot(jobs=jobs, nodes=await self.bus.nodes.values(), prices=await self.bus.prices.values(),
+                                checkpoints=checkpoints, now=time.time(),
+                                heartbeat_timeout_s=self.settings.heartbeat_timeout_s)
+
+    async def guard(self, method: str, cost_per_hour: float = 0.0, *, undo: bool = False,
+                    dry_run: bool = False) -> None:
+        """Refuses an agent's action over its tenant's hourly limits (counted from the audit trail,
+        plus what this API allowed that is not recorded yet: `held` counts it until the call ends)."""
+        me = caller()
+        note("cost_per_hour", cost_per_hour)
+        action = guardrails.action_of(method, undo=undo)
+        if not me.agent or action is guardrails.Action.OTHER:
+            return
+        try:
+            bodies = await self.bus.read_since(wire.AUDIT_STREAM, wire.audit_subject(me.tenant),
+                                               time.time() - guardrails.HOUR_S, AUDIT_LIMIT_MAX)
+        except BusError as exc:
+            raise LimitExceeded(f"cannot read the audit trail to check this agent's limits ({exc}): try again") \
+                from exc
+        entries = []
+        for body in bodies:
+            with contextlib.suppress(wire.WireError):
+                entries.append(wire.decode(AuditEntry, body))
+        key = (me.tenant, me.who, action.value)
+        why = guardrails.refusal(self.tenants.agent_limits(me.tenant),
+                                 guardrails.spent(entries, me.who, me.tenant, time.time()), action, cost_per_hour,
+                                 pending=self._pending.get(key, 0))
+        if why:
+            raise LimitExceeded(why)
+        if not dry_run:
+            self._pending[key] = self._pending.get(key, 0) + 1
+            note("pending", key)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Around a mutating call: what `guard` counted as pending is released when it ends (its
+        audit entry counts from then on)."""
+        try:
+            yield
+        finally:
+            key = notes().get("pending")
+            if key is not None:
+                self._pending[key] -= 1
+                if self._pending[key] <= 0:
+                    del self._pending[key]
+
+    async def move_cost(self, node: str | None) -> float:
+        """The hourly price of the node a move or restore sends work to (0 when the scheduler picks)."""
+        found = await self.bus.nodes.get(node) if node and wire.is_token(node) else None
+        if found is None:
+            return 0.0
+        return effective_price(found, await self.bus.prices.values())
+
     async def Checkpoint(self, request: pb.CheckpointRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
         async def build() -> wire.SchedulerCommand:
-            job = await self.resolve(request.job)
-            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, stop=request.stop)
+            return (await self.checkpoint_cmd(request))[0]
 
         async for update in self._stream_op("Checkpoint", context, build):
             yield update
 
     async def Restore(self, request: pb.RestoreRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
         async def build() -> wire.SchedulerCommand:
-            job = await self.resolve(request.job)
-            if request.node:
-                await self.require_node(request.node)
-            if request.checkpoint:
-                found = wire.is_token(request.checkpoint) and await self.bus.checkpoints.get(
-                    wire.ckpt_key(job.id, request.checkpoint))
-                if not found:
-                    raise NotFoundError(f"job {job.name} has no checkpoint {request.checkpoint!r}: "
-                                        f"`ferry checkpoints {job.name}` lists them")
-            if request.here and not request.node:
-                raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
-            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, job=job.id,
-                                         node=request.node or None, checkpoint=request.checkpoint or None,
-                                         here=request.here)
+            cmd, _ = await self.restore_cmd(request)
+            await self.guard("Restore", await self.move_cost(cmd.node))
+            return cmd
 
         async for update in self._stream_op("Restore", context, build):
             yield update
 
     async def Migrate(self, request: pb.MigrateRequest, context: Ctx) -> AsyncIterator[pb.OpUpdate]:
         async def build() -> wire.SchedulerCommand:
-            job = await self.resolve(request.job)
-            if not request.to:
-                raise UsageError("say where to: `ferry migrate JOB --to NODE`")
-            if request.tcp_established and not request.live:
-                raise UsageError("--tcp-established goes with --live (a cold move closes connections)")
-            await self.require_node(request.to)
-            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.MIGRATE, job=job.id, node=request.to,
-                                         live=request.live, tcp_established=request.tcp_established)
+            cmd, _ = await self.migrate_cmd(request)
+            await self.guard("Migrate", await self.move_cost(cmd.node))
+            return cmd
 
         async for update in self._stream_op("Migrate", context, build):
             yield update
@@ -395,14 +484,10 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
 
     async def DrainNode(self, request: pb.DrainNodeRequest, context: Ctx) -> pb.Node:
-        try:
-            caller().require_admin("draining a node")
-        except FerryError as exc:
-            await self.fail(context, exc)
-
         async def build() -> wire.SchedulerCommand:
-            await self.require_node(request.node)
-            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.DRAIN, node=request.node, stop=request.undo)
+            cmd = await self.drain_cmd(request)
+            await self.guard("DrainNode", undo=request.undo)
+            return cmd
 
         waits = request.wait_s > 0 and not request.undo
         moving = {j.id for j in await self.bus.jobs.values()
@@ -479,6 +564,61 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             with contextlib.suppress(wire.WireError):
                 entries.append(convert.audit_to_pb(wire.decode(AuditEntry, body)))
         return pb.ListAuditResponse(entries=entries)
+
+    async def GetSignal(self, request: pb.SignalRequest, context: Ctx) -> pb.SignalReply:
+        try:
+            if request.name == "explain":
+                job = await self.resolve(request.job)
+                answer: Any = signals.explain(await self.snapshot(job), job)
+            elif request.name in signals.SIGNALS:
+                answer = signals.SIGNALS[request.name](await self.snapshot())
+            else:
+                raise UsageError(f"no signal {request.name!r}: use one of "
+                                 + ", ".join([*signals.SIGNALS, "explain"]))
+        except FerryError as exc:
+            await self.fail(context, exc)
+            raise AssertionError("unreachable") from exc
+        return pb.SignalReply(name=request.name, json=signals.to_json(answer))
+
+    async def Plan(self, request: pb.PlanRequest, context: Ctx) -> pb.PlanReply:
+        """The dry run of a mutating call: the call's own checks, its limits, then a description."""
+        try:
+            plan = await self._plan(request)
+        except FerryError as exc:
+            await self.fail(context, exc)
+            raise AssertionError("unreachable") from exc
+        return pb.PlanReply(action=plan.action, summary=plan.summary, json=plan.model_dump_json())
+
+    async def _plan(self, request: pb.PlanRequest) -> plans.Plan:
+        which = request.WhichOneof("action")
+        if which == "checkpoint":
+            _, job = await self.checkpoint_cmd(request.checkpoint)
+            admission.checkpointable(job)
+            return plans.checkpoint(await self.snapshot(job), job, request.checkpoint.stop)
+        if which == "kill":
+            _, job = await self.kill_cmd(request.kill)
+            return plans.kill(await self.snapshot(job), job, request.kill.grace_s or 5.0)
+        if which == "migrate":
+            _, job = await self.migrate_cmd(request.migrate)
+            admission.migratable(job)
+            admission.not_there(job, request.migrate.to)
+            if request.migrate.live:
+                admission.live_movable(job)
+            plan = plans.migrate(await self.snapshot(), job, request.migrate.to, request.migrate.live)
+            await self.guard("Migrate", plan.cost_per_hour, dry_run=True)
+            return plan
+        if which == "restore":
+            _, job = await self.restore_cmd(request.restore)
+            admission.restorable(job, request.restore.checkpoint or None)
+            plan = plans.restore(await self.snapshot(), job, request.restore.node or None,
+                                 request.restore.checkpoint or None)
+            await self.guard("Restore", plan.cost_per_hour, dry_run=True)
+            return plan
+        if which == "drain":
+            await self.drain_cmd(request.drain)
+            await self.guard("DrainNode", undo=request.drain.undo, dry_run=True)
+            return plans.drain(await self.snapshot(), request.drain.node, request.drain.undo)
+        raise UsageError("say which call to plan: checkpoint, restore, migrate, drain or kill")
 
     async def read_log_chunk(self, node: str, req: wire.LogRequest, patience_s: float = 10.0) -> bytes:
         """One chunk of a job's log from its node; waits out a node service that is restarting."""

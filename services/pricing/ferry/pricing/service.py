@@ -71,11 +71,16 @@ class Pricing(Service):
             return
         changed = self.book.add(points)
         for p in changed:
-            await self.bus.prices.put(price_key(p), to_record(p))
+            record = to_record(p)
+            old = await self.bus.prices.get(price_key(p))
+            if old is not None and old.timestamp <= p.timestamp and old.price_per_hour != p.price_per_hour:
+                record = record.model_copy(update={"previous_price_per_hour": old.price_per_hour,
+                                                   "previous_timestamp": old.timestamp})
+            await self.bus.prices.put(price_key(p), record)
             await self.bus.publish(wire.cluster_event_subject("price", price_key(p)),
                                    Event(kind="price", message=f"{p.zone} {p.instance_type} {p.market}: "
                                                               f"{p.price_per_hour:.4f}/h",
-                                         data=to_record(p).model_dump()))
+                                         data=record.model_dump()))
         log.info("price feed %s: %d points, %d changes", path, len(points), len(changed))
 
 
