@@ -24,6 +24,11 @@ case "${1:-}" in
 esac
 TORCH=torch==2.13.0
 RAY=ray==2.60.0
+# the agents' test: OpenClaw loads skills/ferry and probes `ferry mcp`; it needs Node >= 24, which
+# npm ships as a package (Debian has 18); both go into the repository's .tools/agents
+NODE_VERSION=24.22.3
+OPENCLAW=openclaw@2026.9.6
+AGENT_TOOLS=.tools/agents
 # Debian packages the setup installs (besides CRIU's build dependencies, listed in install-criu.sh)
 PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc umoci busybox-static
     slurm-wlm slurmctld slurmd munge libslurm-dev)
@@ -106,6 +111,26 @@ install_slurm_plugin() {
     scripts/install-slurm-plugin.sh
 }
 
+install_openclaw() {
+    STEP="installing Node $NODE_VERSION and $OPENCLAW"
+    local arch node_pkg node_bin
+    case "$(uname -m)" in x86_64) arch=x64 ;; aarch64) arch=arm64 ;; *) die "no Node package for $(uname -m)" ;; esac
+    node_pkg=node-linux-$arch
+    node_bin=$PWD/$AGENT_TOOLS/node_modules/$node_pkg/bin
+    command -v npm >/dev/null || apt_need npm  # any npm will do (it only fetches packages): Debian's, or NodeSource's
+    if [ "$("$node_bin/node" --version 2>/dev/null)" != "v$NODE_VERSION" ]; then
+        say "installing Node $NODE_VERSION from npm ($node_pkg, into $AGENT_TOOLS)"
+        npm install --prefix "$AGENT_TOOLS" --no-audit --no-fund --loglevel=error "$node_pkg@$NODE_VERSION" >/dev/null \
+            || die "npm could not install $node_pkg@$NODE_VERSION: check access to the npm registry"
+    fi
+    # npm's own script runs under the first node on PATH: OpenClaw's install scripts need Node 24
+    if ! PATH="$node_bin:$PATH" "$AGENT_TOOLS/node_modules/.bin/openclaw" --version 2>/dev/null | grep -q "${OPENCLAW#*@}"; then
+        say "installing $OPENCLAW (into $AGENT_TOOLS; a minute or two)"
+        PATH="$node_bin:$PATH" npm install --prefix "$AGENT_TOOLS" --no-audit --no-fund --loglevel=error "$OPENCLAW" \
+            >/dev/null || die "npm could not install $OPENCLAW: check access to the npm registry"
+    fi
+}
+
 tune_kernel() {
     STEP="raising fs.pipe-max-size"
     # CRIU's page server and post-copy need pipes bigger than the default 1 MiB (see DESIGN.md).
@@ -119,6 +144,7 @@ tune_kernel() {
 install_criu
 install_python
 install_slurm_plugin
+install_openclaw
 tune_kernel
 say "ready: $(criu --version | head -1), $(.venv/bin/nats-server --version), $(.venv/bin/python --version)"
 

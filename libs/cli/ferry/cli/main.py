@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
+from ferry.cli.insight import add_insight_parsers, cmd_explain, cmd_signals
 from ferry.cli.keys import add_keys_parser, cmd_keys
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.cli.slurm.bridge import add_slurm_parser, cmd_slurm
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output format (json: one JSON document)")
     common.add_argument("--addr", default=argparse.SUPPRESS,
                         help="admin API address (default: FERRY_ADDR or 127.0.0.1:7070)")
+    common.add_argument("--reason", default=argparse.SUPPRESS, metavar="TEXT",
+                        help="why you make this change: the audit trail records it (an agent's token must give "
+                             "one; default: FERRY_REASON)")
 
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__, epilog=EPILOG, parents=[common],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("checkpoint", "checkpoint a running job into the store")
     p.add_argument("job")
+    add_dry_run(p)
     p.add_argument("--stop", action="store_true", help="final checkpoint: the job stops afterwards")
 
     p = add("restore", "restore a stopped job from a checkpoint (default: its newest)")
@@ -115,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", "--to", dest="node", help="restore on this node (default: the scheduler picks); "
                    "--to is the same option, spelt as migrate spells it")
     p.add_argument("--checkpoint", help="checkpoint id (default: the newest committed one)")
+    add_dry_run(p)
     add_here_arguments(p, "restore here, in the foreground, as a child of this command, in its cgroup; ends "
                           "with the job's exit status; needs --node (or FERRY_NODE_ID) naming this machine's node")
     p.add_argument("--replay-output", action="store_true", help="with --here: print the job's whole output, not "
@@ -128,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "short freeze, then the target runs at once and its memory follows (CRIU post-copy)")
     p.add_argument("--tcp-established", action="store_true", help="with --live: keep the job's established TCP "
                    "connections (the nodes must carry the same service address; move it before the freeze)")
+    add_dry_run(p)
 
     p = add("ps", "list jobs (running and stopped; -a adds finished ones)")
     p.add_argument("-a", "--all", action="store_true")
@@ -154,14 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("kill", "stop a job (SIGTERM, then SIGKILL after a grace period)")
     p.add_argument("job")
     p.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL (default 5s)")
+    add_dry_run(p)
 
     p = add("drain", "move every job off a node (checkpoint and restore elsewhere; parked if nothing fits)")
     p.add_argument("node")
     p.add_argument("--no-wait", action="store_true", help="return once draining started")
     p.add_argument("--timeout", metavar="DURATION", default="10m", help="how long to wait for the node to empty")
+    add_dry_run(p)
 
     p = add("undrain", "let a drained node take work again (parked jobs may come back to it)")
     p.add_argument("node")
+    add_dry_run(p)
 
     add("prices", "list the prices the pricing service knows")
 
@@ -180,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "source: the source dies (page server and process) as the target starts")
 
     add_simulate_parser(sub, common)
+    add_insight_parsers(sub, common)
+    p = add("mcp", "serve Ferry's tools to an agent over MCP (stdio, or --http): signals, explain, and guarded "
+                   "checkpoint, migrate, drain and restore (dry run unless asked)")
+    p.add_argument("--http", metavar="HOST:PORT", help="serve MCP's streamable HTTP on this loopback address "
+                   "instead of stdio")
     add_store_parser(sub, common)
     add_keys_parser(sub, common)
     add_slurm_parser(sub, common)
@@ -214,7 +229,14 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "chaos": commands.cmd_chaos,
     "whoami": commands.cmd_whoami,
     "audit": commands.cmd_audit,
+    "signals": cmd_signals,
+    "explain": cmd_explain,
 }
+
+
+def add_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="say what would happen (checked as the call itself "
+                   "would be, limits included) and change nothing")
 
 
 def add_here_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -232,6 +254,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.output = getattr(args, "output", "text")  # not set_defaults: the actions are shared with subparsers
     args.addr = getattr(args, "addr", None)
+    args.reason = getattr(args, "reason", None)
     return args
 
 
@@ -250,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = cmd_keys(args)
         elif args.cmd == "slurm":
             code = cmd_slurm(args)
+        elif args.cmd == "mcp":
+            from ferry.cli.agent.server import cmd_mcp
+
+            code = cmd_mcp(args)
         else:
             if args.cmd in ("run", "restore"):
                 commands.validate_here(args)
@@ -259,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 commands.validate_adopt(args)
             # not closed: closing a gRPC channel waits about 200 ms for its poller, and the process
             # ends right after the command (issue 18's CLI floor)
-            client = Client(args.addr or default_addr())
+            client = Client(args.addr or default_addr(), reason=args.reason)
             code = HANDLERS[args.cmd](client, args)
     except FerryError as exc:
         print(f"ferry: {exc}", file=sys.stderr)
