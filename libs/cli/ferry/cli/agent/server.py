@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -37,6 +38,7 @@ Actions are dry runs unless you pass dry_run=false: look at the plan first. Ever
 reason, which the audit trail keeps. The skill skills/ferry/SKILL.md has runbooks."""
 
 EVENTS_KEPT = 500
+EVENTS_RETRY_S = 5.0
 READ = ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False)
 ACTS = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=False)
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -69,14 +71,17 @@ class EventLog:
         threading.Thread(target=self._follow, name="ferry-events", daemon=True).start()
 
     def _follow(self) -> None:
-        try:
-            client = self.api.client()
-            for ev in client.stream(client.stub.WatchEvents, pb.WatchEventsRequest()):
-                d = to_dict(ev)
-                d["data"] = json.loads(d.pop("data_json") or "{}")
-                self.events.append(d)
-        except Exception as exc:  # the resource says so instead of going quiet
-            self.error = str(exc)
+        while True:  # the API restarts, or is not up yet: follow again (a daemon thread: it ends with us)
+            try:
+                client = self.api.client()
+                for ev in client.stream(client.stub.WatchEvents, pb.WatchEventsRequest()):
+                    d = to_dict(ev)
+                    d["data"] = json.loads(d.pop("data_json") or "{}")
+                    self.events.append(d)
+                    self.error = ""
+            except Exception as exc:  # the resource says so instead of going quiet
+                self.error = str(exc)
+            time.sleep(EVENTS_RETRY_S)
 
 
 def build_server(api: Api) -> MCPServer[Any]:  # noqa: C901  (one function per tool, registered here)
