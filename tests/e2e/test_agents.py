@@ -127,8 +127,8 @@ def test_a_dry_run_moves_nothing_a_real_move_keeps_the_output_and_the_limit_hold
 
     assert again.is_error and "over this agent's limit of 1 moves per hour" in _text(again)
     assert foreign.is_error and "no job 'ag-other'" in _text(foreign)
-    assert no_reason.is_error and "reason" in _text(no_reason)
-    assert bad_type.is_error and "to" in _text(bad_type)
+    assert no_reason.is_error and _text(no_reason) == "bad argument 'reason' to migrate: field required"
+    assert bad_type.is_error and _text(bad_type) == "bad argument 'to' to migrate: input should be a valid string"
     assert not health.is_error and health.structured_content["nodes"] == {"ready": 2}
     assert not risk.is_error
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ferry.cli.agent.api import Api
 from ferry.cli.output import job_dict, to_dict
@@ -48,6 +48,26 @@ NodeId = Annotated[str, Field(description="a node's id, as list_nodes shows it",
 Reason = Annotated[str, Field(description="why you do this, in one sentence: the audit trail records it",
                               min_length=3, max_length=500)]
 DryRun = Annotated[bool, Field(description="true (the default): only say what would happen; false: do it")]
+
+
+def one_sentence(tool: str, exc: ValidationError) -> str:
+    """An argument error as one sentence (pydantic's own message spans lines and links)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "arguments"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"bad argument {where!r} to {tool}: {first['msg'][:1].lower()}{first['msg'][1:]}{more}"
+
+
+class FerryMCP(MCPServer[Any]):
+    """MCPServer whose argument errors read as one sentence."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(one_sentence(name, exc.__cause__)) from exc.__cause__
+            raise
 
 
 class ActionResult(BaseModel):
@@ -92,7 +112,7 @@ def build_server(api: Api) -> MCPServer[Any]:  # noqa: C901  (one function per t
         events.start()
         yield
 
-    mcp: MCPServer[Any] = MCPServer(name="ferry", instructions=INSTRUCTIONS, lifespan=lifespan)
+    mcp = FerryMCP(name="ferry", instructions=INSTRUCTIONS, lifespan=lifespan, log_level="WARNING")
 
     # ---- read-only ------------------------------------------------------------------------
 
