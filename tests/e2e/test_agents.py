@@ -57,7 +57,8 @@ class Fleet:
 
         async def run() -> list[Any]:
             async with Client(server, read_timeout_seconds=300) as client:
-                return [await client.call_tool(name, args) for name, args in calls]
+                return [await (client.read_resource(name) if name.startswith("ferry://") else
+                               client.call_tool(name, args)) for name, args in calls]
 
         return asyncio.run(run())
 
@@ -107,15 +108,18 @@ def test_a_dry_run_moves_nothing_a_real_move_keeps_the_output_and_the_limit_hold
     fleet.json("globex", "run", "--name", "ag-other", "--node", "node-1", "--", *SLEEPER)
     fleet.cluster.wait_lines("ag-train", 20)
 
-    dry, real, again, foreign, no_reason, bad_type, health, risk = fleet.tools(
+    job_id = fleet.json("acme", "status", "ag-train")["id"]
+    dry, real, record, again, foreign, no_reason, bad_type, health, risk, events = fleet.tools(
         ("migrate", {"job": "ag-train", "to": "node-2", "reason": WHY}),
         ("migrate", {"job": "ag-train", "to": "node-2", "reason": WHY, "dry_run": False}),
+        ("ferry://jobs/ag-train", {}),
         ("migrate", {"job": "ag-train", "to": "node-1", "reason": WHY, "dry_run": False}),
         ("migrate", {"job": "ag-other", "to": "node-2", "reason": WHY, "dry_run": False}),
         ("migrate", {"job": "ag-train", "to": "node-1", "dry_run": False}),
         ("migrate", {"job": "ag-train", "to": 7, "reason": WHY}),
         ("cluster_health", {}),
         ("sla_risk", {}),
+        ("ferry://events", {}),  # last: the move's events have had the other calls' time to arrive
     )
     assert not dry.is_error, _text(dry)
     assert dry.structured_content["dry_run"] is True
@@ -124,6 +128,10 @@ def test_a_dry_run_moves_nothing_a_real_move_keeps_the_output_and_the_limit_hold
 
     assert not real.is_error, _text(real)
     assert real.structured_content["dry_run"] is False and real.structured_content["result"]["node"] == "node-2"
+
+    seen = json.loads(events.contents[0].text)  # followed since the server started: the move's events
+    assert any(e["job"] == job_id for e in seen), seen
+    assert json.loads(record.contents[0].text)["node"] == "node-2"
 
     assert again.is_error and "over this agent's limit of 1 moves per hour" in _text(again)
     assert foreign.is_error and "no job 'ag-other'" in _text(foreign)
