@@ -155,8 +155,12 @@ def test_a_dry_run_moves_nothing_a_real_move_keeps_the_output_and_the_limit_hold
 
 
 def test_the_cli_with_an_agent_token_needs_a_reason_and_explains(fleet: Fleet) -> None:
-    fleet.json("acme", "run", "--name", "ag-cli", "--node", "node-1", "--", *SLEEPER)
+    fleet.json("acme", "run", "--name", "ag-cli", "--node", "node-1", "--deadline", "2h", "--work", "30m", "--",
+               *SLEEPER)
     fleet.cluster.wait_lines("ag-cli", 2)
+    risk = next(r for r in fleet.json("agent", "signals", "sla-risk") if r["job"] == "ag-cli")
+    assert 1700 < risk["remaining_work_s"] < 1800 and risk["slack_s"] > 5000 and risk["risk"] == "low", risk
+    assert fleet.json("agent", "status", "ag-cli")["ran_s"] > 0
     refused = fleet.ferry("agent", "checkpoint", "ag-cli", check=False)
     assert refused.returncode == 2 and "an agent must say why" in refused.stderr
     assert refused.stderr.count("\n") == 1

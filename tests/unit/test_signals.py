@@ -7,7 +7,7 @@ import pytest
 from ferry.common.errors import ConflictError
 from ferry.common.guardrails import Action, AgentLimits, action_of, refusal, spent
 from ferry.common.models import AuditEntry, CheckpointRecord, Job, JobState, Node, NodeState, PriceRecord
-from ferry.policy import admission, plans, signals
+from ferry.policy import admission, plans, progress, signals
 
 NOW = 1_000_000.0
 HOUR = 3600.0
@@ -158,3 +158,36 @@ def test_the_limits_count_only_this_agents_successful_actions_of_the_last_hour()
     assert "4 USD/h committed" in (refusal(limits, used, Action.MOVE, 1.5) or "")
     assert action_of("DrainNode", undo=True) is Action.OTHER and action_of("Checkpoint") is Action.OTHER
     assert AgentLimits().drains_per_hour == 0  # an agent nobody configured drains nothing
+
+
+def test_the_time_a_job_runs_is_counted_across_stops_and_gives_its_remaining_work() -> None:
+    j = job("w", state=JobState.PENDING, work_s=1000.0)
+    progress.account(j, NOW)
+    assert j.running_since is None and progress.remaining_s(j, NOW) == 1000.0
+    j.state = JobState.RUNNING
+    progress.account(j, NOW)
+    j.state = JobState.CHECKPOINTING  # a leave-running checkpoint: it still runs
+    progress.account(j, NOW + 100)
+    j.state = JobState.PREEMPTED
+    progress.account(j, NOW + 300)
+    assert j.ran_s == 300 and j.running_since is None
+    assert progress.remaining_s(j, NOW + 5000) == 700  # parked: the clock does not run
+    j.state = JobState.RUNNING
+    progress.account(j, NOW + 6000)
+    assert progress.ran_s(j, NOW + 6100) == 400 and progress.remaining_s(j, NOW + 6100) == 600
+    assert progress.remaining_s(job("unsaid"), NOW) is None
+
+
+def test_sla_risk_with_the_remaining_work_known_measures_the_slack() -> None:
+    def started(name: str, node_id: str, deadline_in: float, work: float) -> Job:
+        return job(name, node_id=node_id, deadline=NOW + deadline_in, work_s=work, running_since=NOW - 600)
+
+    roomy = started("roomy", "od", 4 * HOUR, HOUR)  # 50 min left, 4 h to go
+    tight = started("tight", "spot", 1000, 1100)  # 500 s of work left, 1000 s to go: 470 s of slack, and an
+    # interruption costs a restore and up to 10 min of work since the last checkpoint
+    late = started("late", "od", 600, 3600)  # 50 min left, 10 min to go
+    risks = {r.job: r for r in signals.sla_risk(snap([roomy, tight, late], [SPOT, OD]))}
+    assert risks["roomy"].remaining_work_s == 3000 and risks["roomy"].slack_s == 4 * HOUR - 3000 - 30
+    assert risks["roomy"].risk == "low"
+    assert risks["tight"].risk == "high" and risks["tight"].suggestion == "migrate it to an on-demand node"
+    assert risks["late"].risk == "high" and "does not fit before its deadline" in risks["late"].why

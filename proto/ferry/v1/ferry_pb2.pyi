@@ -477,6 +477,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     IMAGE_FIELD_NUMBER: builtins.int
     PUBLISH_FIELD_NUMBER: builtins.int
     LABELS_FIELD_NUMBER: builtins.int
+    WORK_S_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -509,6 +510,8 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """an OCI runtime bundle (folder with config.json) to run with runc"""
     image: builtins.str
     """an OCI image: oci:LAYOUT_DIR[:TAG] or oci-archive:TAR[:TAG]"""
+    work_s: builtins.float
+    """about how long it computes to its end (0: not said); with a deadline, its slack"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -546,8 +549,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         image: builtins.str = ...,
         publish: collections.abc.Iterable[builtins.str] | None = ...,
         labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
+        work_s: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "work_s", b"work_s"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -865,6 +869,8 @@ class Job(google.protobuf.message.Message):
     ADDRESS_FIELD_NUMBER: builtins.int
     PUBLISH_FIELD_NUMBER: builtins.int
     LABELS_FIELD_NUMBER: builtins.int
+    WORK_S_FIELD_NUMBER: builtins.int
+    RAN_S_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -906,6 +912,10 @@ class Job(google.protobuf.message.Message):
     """the OCI image it runs from (a container job)"""
     address: builtins.str
     """network "bridge": its address in the cluster's job range, wherever it runs"""
+    work_s: builtins.float
+    """as submitted (0: not said)"""
+    ran_s: builtins.float
+    """time it has run so far (from each start or restore)"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -962,8 +972,10 @@ class Job(google.protobuf.message.Message):
         address: builtins.str = ...,
         publish: collections.abc.Iterable[builtins.str] | None = ...,
         labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
+        work_s: builtins.float = ...,
+        ran_s: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
 
 global___Job = Job
 

@@ -139,6 +139,7 @@ def validate_run(args: argparse.Namespace) -> None:
         "memory_bytes": parse_size(args.memory) if args.memory is not None else 0, "gpus": args.gpus,
         "deadline_s": parse_duration(args.deadline) if args.deadline is not None else 0.0,
         "max_downtime_s": parse_duration(args.max_downtime) if args.max_downtime is not None else 0.0,
+        "work_s": parse_duration(args.work) if args.work is not None else 0.0,
         "gpu_model": args.gpu_model or "",
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
@@ -287,6 +288,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             print(f"{key:16} {d[key]}")
     if last is not None:
         print(f"{'checkpointed':16} {ago(last.created)} on {last.node}, {size(last.bytes_logical)}")
+    if job.work_s:
+        print(f"{'ran':16} {job.ran_s / 60:.1f} min of about {job.work_s / 60:.1f} (--work)")
+    if job.deadline:
+        print(f"{'deadline':16} in {(job.deadline - time.time()) / 60:.1f} min")
     if job.adopt_pid:
         print(f"{'adopted':16} process {job.adopt_pid}, where its own supervisor started it (Ferry never restarts "
               f"or moves it; a restore makes it Ferry's)")

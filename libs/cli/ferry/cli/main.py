@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "status; needs --node (or FERRY_NODE_ID) naming this machine's node")
     p.add_argument("--deadline", metavar="DURATION", help="SLA: finish within this long from now, e.g. 6h")
     p.add_argument("--max-downtime", metavar="DURATION", help="SLA: the longest stop the job tolerates, e.g. 30s")
+    p.add_argument("--work", metavar="DURATION", help="about how long the job computes to its end, e.g. 4h: with "
+                   "--deadline, Ferry knows its slack (the time it runs is counted) and may use spot while the "
+                   "slack allows")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
 
     p = add("adopt", "take a running process (and its children) into Ferry's care where it runs: watched, "

@@ -41,6 +41,7 @@ FLAGS = {
     "name": "--name", "argv": "command", "env": "--env", "cwd": "--cwd", "node": "--node",
     "checkpoint_every_s": "--checkpoint-every", "priority": "--priority", "cpus": "--cpus",
     "memory_bytes": "--memory", "gpus": "--gpus", "deadline_s": "--deadline", "max_downtime_s": "--max-downtime",
+    "work_s": "--work",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
     "network": "--network", "here": "--here", "adopt_pid": "PID", "bundle": "--bundle",
     "image": "--image", "publish": "--publish", "labels": "--label",
@@ -65,6 +66,7 @@ class JobRequest(BaseModel):
     gpus: int = Field(0, ge=0, le=GPUS_MAX)
     deadline_s: float = Field(0.0, ge=0, le=DURATION_MAX)
     max_downtime_s: float = Field(0.0, ge=0, le=DURATION_MAX)
+    work_s: float = Field(0.0, ge=0, le=DURATION_MAX)
     gpu_model: str = Field("", max_length=GPU_MODEL_MAX)
     gpu_memory_bytes: int = Field(0, ge=0, le=BYTES_MAX)
     gpu_shared: bool = False
@@ -190,7 +192,7 @@ class JobRequest(BaseModel):
             checkpoint_every_s=self.checkpoint_every_s, priority=self.priority, cpus=self.cpus,
             memory_bytes=self.memory_bytes, gpus=self.gpus,
             deadline=now + self.deadline_s if self.deadline_s else None,
-            max_downtime_s=self.max_downtime_s or None, gpu_model=self.gpu_model or None,
+            max_downtime_s=self.max_downtime_s or None, work_s=self.work_s or None, gpu_model=self.gpu_model or None,
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
             network=self.resolved_network(), here=self.here, adopt_pid=self.adopt_pid or None,
             bundle=self.bundle or None, image=self.image or None,

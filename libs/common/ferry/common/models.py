@@ -83,6 +83,9 @@ class Job(Record):
     gpus: int = 0
     deadline: float | None = None  # absolute time by which the job should have finished
     max_downtime_s: float | None = None
+    work_s: float | None = None  # about how long it computes to its end (`--work`), if it said
+    ran_s: float = 0.0  # time it ran, up to `running_since` (ferry.policy.progress)
+    running_since: float | None = None  # when it last started running; None while it does not run
     last_move_at: float | None = None
     move_cost_s: float = 30.0  # measured: last checkpoint plus restore time
     parked_by: str | None = None  # "user" (checkpoint --stop) or "capacity" (preempt-and-save)

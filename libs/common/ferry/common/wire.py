@@ -120,6 +120,7 @@ class JobSpec(Record):
     gpus: int = 0
     deadline: float | None = None
     max_downtime_s: float | None = None
+    work_s: float | None = None
     gpu_model: str | None = None
     gpu_memory_bytes: int = 0
     gpu_shared: bool = False

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ferry.common.models import Job, JobState
-from ferry.policy.signals import Explanation, Snapshot, explain
+from ferry.policy.signals import Explanation, Snapshot, explain, horizon_s
 
 ActionName = Literal["checkpoint", "restore", "migrate", "drain", "undrain", "kill"]
 
@@ -48,7 +48,7 @@ def migrate(snap: Snapshot, job: Job, to: str, live: bool) -> Plan:
     how = "live: a short freeze, then its memory follows" if live else "cold: checkpoint, stop, restore there"
     saving = None
     if ex.progress_cost_per_hour is not None and target and target.progress_cost_per_hour is not None:
-        hours = (max(job.deadline - snap.now, 0.0) if job.deadline is not None else 3600.0) / 3600.0
+        hours = horizon_s(job, snap.now) / 3600.0
         saving = (ex.progress_cost_per_hour - target.progress_cost_per_hour) * hours
     summary = (f"would move {job.name} from {job.node} ({_money(before)} USD/h) to {to} ({_money(after)} USD/h), "
                f"{how}; it stops for about {job.move_cost_s:.0f}s (Ferry's estimate for this job)"

@@ -32,7 +32,7 @@ from ferry.common.models import (
     PriceRecord,
 )
 from ferry.common.units import format_bytes
-from ferry.policy import decisions
+from ferry.policy import decisions, progress
 from ferry.policy.decisions import HOUR
 from ferry.policy.views import effective_price, job_view, node_views
 
@@ -116,6 +116,8 @@ class SlaRisk(BaseModel):
     risk: Risk
     why: str
     deadline_in_s: float | None = None
+    remaining_work_s: float | None = None  # when the job said how much work it has (`--work`)
+    slack_s: float | None = None  # deadline minus remaining work minus one move; None when the work is unknown
     interruptions_per_hour: float = 0.0  # the node's observed rate (with a prior for spot nodes)
     p_interruption: float = 0.0  # before the deadline, or within the next hour without one
     expected_loss_s: float = 0.0  # work an interruption would throw away: unsaved work plus a restore
@@ -144,10 +146,13 @@ def sla_risk(snap: Snapshot) -> list[SlaRisk]:
         p = 1.0 - math.exp(-hazard * window_h)
         loss = job.move_cost_s + _unsaved_s(job, snap)
         budget = job.max_downtime_s - job.move_cost_s if job.max_downtime_s is not None else None
-        risk, why, suggestion = _judge(job, node, view, snap.now, p, loss, budget)
+        jv = job_view(job, snap.now)
+        slack = decisions.slack_s(jv, snap.now) if jv.remaining_s is not None else None
+        risk, why, suggestion = _judge(job, node, view, snap.now, p, loss, budget, slack)
         out.append(SlaRisk(
             job=job.name, node=job.node, spot=bool(node and node.spot), risk=risk, why=why,
             deadline_in_s=round(job.deadline - snap.now, 1) if job.deadline is not None else None,
+            remaining_work_s=_round(jv.remaining_s), slack_s=_round(slack),
             interruptions_per_hour=round(hazard, 4), p_interruption=round(p, 4), expected_loss_s=round(loss, 1),
             downtime_budget_s=round(budget, 1) if budget is not None else None, suggestion=suggestion))
     order = {"high": 0, "medium": 1, "low": 2}
@@ -155,9 +160,12 @@ def sla_risk(snap: Snapshot) -> list[SlaRisk]:
 
 
 def _judge(job: Job, node: Node | None, view: decisions.NodeView | None, now: float, p: float, loss: float,
-           budget: float | None) -> tuple[Risk, str, str]:
+           budget: float | None, slack: float | None) -> tuple[Risk, str, str]:
     if job.deadline is not None and job.deadline <= now:
         return "high", "its deadline has passed", ""
+    if slack is not None and slack < 0:
+        return "high", f"its remaining work does not fit before its deadline ({-slack:.0f}s short)", \
+            "give it more resources or a later deadline; moving it does not help"
     if node is None or view is None:
         return "high", f"it is {job.state} and runs nowhere", "restore it: `restore` (the scheduler picks a node)"
     if node.state in (NodeState.PREEMPTING, NodeState.LOST):
@@ -172,6 +180,9 @@ def _judge(job: Job, node: Node | None, view: decisions.NodeView | None, now: fl
         live = "live (its node can serve post-copy)" if view.lazy_pages else "a cold move"
         return "high", (f"one interruption costs about {job.move_cost_s:.0f}s, over its {job.max_downtime_s:g}s "
                         f"downtime limit"), f"keep it on on-demand; a planned move should be {live}"
+    if slack is not None and node.spot and slack < loss:
+        return "high", (f"one interruption on spot node {node.id} (~{loss:.0f}s lost) would exceed its {slack:.0f}s "
+                        "of slack"), "migrate it to an on-demand node"
     if p >= 0.2:
         return "medium", f"{p:.0%} chance of an interruption on {node.id} before it matters, losing ~{loss:.0f}s", \
             "a shorter --checkpoint-every caps the loss, or move it to a steadier node"
@@ -339,6 +350,15 @@ class Explanation(BaseModel):
     why: str
 
 
+def horizon_s(job: Job, now: float) -> float:
+    """How long a move's saving counts for: the job's remaining work when it said how much it has,
+    else the time to its deadline, else an hour."""
+    left = progress.remaining_s(job, now)
+    if left is not None:
+        return left
+    return max(job.deadline - now, 0.0) if job.deadline is not None else EXPLAIN_HORIZON_S
+
+
 def explain(snap: Snapshot, job: Job) -> Explanation:
     views = dict(snap.views())
     jv = job_view(job, snap.now)
@@ -358,7 +378,7 @@ def explain(snap: Snapshot, job: Job) -> Explanation:
     alternatives.sort(key=lambda a: (a.score is None, -(a.score or 0.0), a.node))
     best = next((a.node for a in alternatives if a.score is not None), None)
     current = next((a for a in alternatives if a.node == job.node), None)
-    remaining = max(job.deadline - snap.now, 0.0) if job.deadline is not None else EXPLAIN_HORIZON_S
+    remaining = horizon_s(job, snap.now)
     saving = cost = None
     would, why = False, "it does not run on a node"
     if here is not None and best is not None:

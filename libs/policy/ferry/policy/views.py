@@ -5,7 +5,7 @@ from collections.abc import Iterable, Sequence
 from ferry.common.models import TERMINAL_STATES, Job, JobState, Node, NodeState, PriceRecord
 from ferry.gpu.models import GpuInfo
 from ferry.gpu.placement import GpuRequest, assign
-from ferry.policy import decisions
+from ferry.policy import decisions, progress
 from ferry.policy.decisions import JobView, NodeView
 from ferry.policy.placement import usable
 
@@ -59,7 +59,7 @@ def job_view(job: Job, now: float) -> JobView:
         id=job.id, priority=job.priority, cpus=job.cpus, memory_bytes=job.memory_bytes, gpus=job.gpus,
         deadline_at=job.deadline, max_downtime_s=job.max_downtime_s, node=job.node,
         move_cost_s=job.move_cost_s, checkpoint_every_s=job.checkpoint_every_s or 600.0,
-        holds_gpus=bool(job.gpu_uuids),
+        holds_gpus=bool(job.gpu_uuids), remaining_s=progress.remaining_s(job, now),
     )
 
 

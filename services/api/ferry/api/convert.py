@@ -1,9 +1,11 @@
 """Pure mappings between Ferry's records and the admin API's protobuf messages."""
 
 import json
+import time
 from typing import Any
 
 from ferry.common.models import AuditEntry, CheckpointRecord, Event, Job, Node, Op, PriceRecord
+from ferry.policy import progress
 from ferry.v1 import ferry_pb2 as pb
 
 SEALED = "<sealed>"  # what the API shows of an environment variable's value: the nodes alone open them
@@ -22,7 +24,8 @@ def job_to_pb(job: Job) -> pb.Job:
         gpu_uuids=job.gpu_uuids, network=job.network.value, here=job.here,
         adopt_pid=job.adopt_pid or 0, adopted=job.adopted,
         bundle=job.bundle or "", image=job.image or "", address=job.address or "",
-        publish=[str(m) for m in job.publish], labels=job.labels,
+        publish=[str(m) for m in job.publish], labels=job.labels, work_s=job.work_s or 0.0,
+        ran_s=progress.ran_s(job, time.time()),
     )
 
 

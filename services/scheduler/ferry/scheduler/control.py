@@ -168,7 +168,8 @@ class ControlLoop:
         best, _ = policy.best_node(jv, [v for v in views if v.usable and v.id != node.id], t)
         if current is None or best is None:
             return
-        remaining = (job.deadline - t) if job.deadline else self.settings.rebalance_horizon_s
+        remaining = jv.remaining_s if jv.remaining_s is not None else (
+            (job.deadline - t) if job.deadline else self.settings.rebalance_horizon_s)
         decision = policy.should_move(jv, current, best, t, max(remaining, 0.0), job.last_move_at)
         if not decision.move:
             return

@@ -15,6 +15,7 @@ from ferry.common.bus import Bus
 from ferry.common.errors import ConflictError, NotFoundError
 from ferry.common.mirror import Mirror
 from ferry.common.models import CheckpointRecord, Event, Job, Node, Op, OpState, PriceRecord, now
+from ferry.policy import progress
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class ClusterState:
 
     async def save_job(self, job: Job, event: str | None = None, message: str = "") -> None:
         job.updated = now()
+        progress.account(job, job.updated)
         self._jobs.note(job.id, job, await self.bus.jobs.put(job.id, job))
         if event:
             await self.emit(Event(kind=event, job=job.id, node=job.node or "", message=message,
