@@ -21,6 +21,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.conftest import BIN, PY, ROOT, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster
+from tests.tenants import Tenants, make_token
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -29,26 +30,9 @@ SLEEPER = [PY, "-c", "import time\nfor i in range(100000):\n    print(i, flush=T
 WHY = "node-1 is about to be reclaimed (test)"
 
 
-def _token(data_dir: Path, tenant: str, role: str, name: str) -> str:
-    out = subprocess.run([str(BIN / "ferry"), "keys", "token", "-o", "json", "--data-dir", str(data_dir),
-                          "--tenant", tenant, "--role", role, "--name", name],
-                         capture_output=True, text=True, check=True, timeout=60)
-    return str(json.loads(out.stdout)["token"])
-
-
-class Fleet:
+class Fleet(Tenants):
     def __init__(self, cluster: Cluster, tokens: dict[str, str]) -> None:
-        self.cluster, self.tokens = cluster, tokens
-
-    def ferry(self, who: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {**self.cluster.env, "FERRY_TOKEN": self.tokens[who]}
-        result = subprocess.run([str(BIN / "ferry"), *args], env=env, capture_output=True, text=True, timeout=300)
-        if check and result.returncode != 0:
-            raise AssertionError(f"{who}: ferry {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
-        return result
-
-    def json(self, who: str, *args: str) -> Any:
-        return json.loads(self.ferry(who, args[0], "-o", "json", *args[1:]).stdout)
+        super().__init__(cluster, tokens, timeout=300)
 
     def tools(self, *calls: tuple[str, dict[str, Any]]) -> list[Any]:
         """Each call's result, made by the MCP SDK's client through one `ferry mcp` over stdio."""
@@ -66,10 +50,10 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(criu_bin: str) -> Iterator[Fleet]:
     data_dir = Path(tempfile.mkdtemp(prefix="ferry-agent-"))
-    tokens = {"agent": _token(data_dir, "acme", "agent", "claw"),
-              "acme": _token(data_dir, "acme", "user", "acme-ci"),
-              "globex": _token(data_dir, "globex", "user", "globex-ci"),
-              "admin": _token(data_dir, "ops", "admin", "alice")}
+    tokens = {"agent": make_token(data_dir, "acme", "agent", "claw"),
+              "acme": make_token(data_dir, "acme", "user", "acme-ci"),
+              "globex": make_token(data_dir, "globex", "user", "globex-ci"),
+              "admin": make_token(data_dir, "ops", "admin", "alice")}
     tokens_file = data_dir / "secrets" / "tokens.yaml"
     table = yaml.safe_load(tokens_file.read_text())
     table["tenants"] = {"acme": {"agent_limits": {"moves_per_hour": 1, "drains_per_hour": 0}}}

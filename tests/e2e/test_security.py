@@ -27,6 +27,7 @@ from nats.aio.client import Client as NatsClient
 from ferry.common import wire
 from ferry.common.models import Job, OpKind, new_id
 from tests.conftest import BIN, PY, Cluster, start_cluster, stop_cluster, wait_until
+from tests.tenants import Tenants, make_token
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -35,35 +36,12 @@ SECRET_FILE = "sk-file-77aa-DO-NOT-LEAK"
 SLEEPER = [PY, "-c", "import time\nfor i in range(100000):\n    print(i, flush=True)\n    time.sleep(0.2)\n"]
 
 
-class Tenants:
-    def __init__(self, cluster: Cluster, tokens: dict[str, str]) -> None:
-        self.cluster = cluster
-        self.tokens = tokens
-
-    def ferry(self, who: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {**self.cluster.env, "FERRY_TOKEN": self.tokens[who]}
-        result = subprocess.run([str(BIN / "ferry"), *args], env=env, capture_output=True, text=True, timeout=180)
-        if check and result.returncode != 0:
-            raise AssertionError(f"{who}: ferry {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
-        return result
-
-    def json(self, who: str, *args: str) -> Any:
-        return json.loads(self.ferry(who, args[0], "-o", "json", *args[1:]).stdout)
-
-
-def _token(data_dir: Path, tenant: str, role: str, name: str) -> str:
-    out = subprocess.run([str(BIN / "ferry"), "keys", "token", "-o", "json", "--data-dir", str(data_dir),
-                          "--tenant", tenant, "--role", role, "--name", name],
-                         capture_output=True, text=True, check=True, timeout=60)
-    return str(json.loads(out.stdout)["token"])
-
-
 @pytest.fixture(scope="module")
 def tenants(criu_bin: str) -> Iterator[Tenants]:
     data_dir = Path(tempfile.mkdtemp(prefix="ferry-sec-"))
-    tokens = {"acme": _token(data_dir, "acme", "user", "acme-ci"),
-              "globex": _token(data_dir, "globex", "user", "globex-ci"),
-              "admin": _token(data_dir, "ops", "admin", "alice")}
+    tokens = {"acme": make_token(data_dir, "acme", "user", "acme-ci"),
+              "globex": make_token(data_dir, "globex", "user", "globex-ci"),
+              "admin": make_token(data_dir, "ops", "admin", "alice")}
     tokens_file = data_dir / "secrets" / "tokens.yaml"
     table = yaml.safe_load(tokens_file.read_text())
     table["tenants"] = {"globex": {"quota": {"jobs": 1, "cpus": 2}}}

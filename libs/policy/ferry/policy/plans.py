@@ -32,7 +32,7 @@ class Plan(BaseModel):
 
 
 def _price(snap: Snapshot, node: str | None) -> float | None:
-    view = snap.views().get(node or "")
+    view = snap.views.get(node or "")
     return view.price_per_hour if view is not None else None
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -51,13 +52,11 @@ class Snapshot:
     checkpoints: Sequence[CheckpointRecord] = ()
     now: float = 0.0
     heartbeat_timeout_s: float = 5.0
-    _views: dict[str, decisions.NodeView] = field(default_factory=dict, compare=False)
 
+    @cached_property
     def views(self) -> dict[str, decisions.NodeView]:
-        if not self._views:
-            self._views.update({v.id: v for v in node_views(self.nodes, self.jobs, self.now,
-                                                            self.heartbeat_timeout_s, self.prices)})
-        return self._views
+        """The policy's view of each node, by id (computed once per snapshot)."""
+        return {v.id: v for v in node_views(self.nodes, self.jobs, self.now, self.heartbeat_timeout_s, self.prices)}
 
     def node(self, node_id: str | None) -> Node | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -91,7 +90,7 @@ class Queue(BaseModel):
 
 
 def queue(snap: Snapshot) -> Queue:
-    views = list(snap.views().values())
+    views = list(snap.views.values())
     groups: dict[tuple[int, str], list[Job]] = {}
     for job in snap.jobs:
         if waiting(job):
@@ -134,7 +133,7 @@ def _unsaved_s(job: Job, snap: Snapshot) -> float:
 
 def sla_risk(snap: Snapshot) -> list[SlaRisk]:
     """Every live job with a deadline or a downtime limit, riskiest first."""
-    views = snap.views()
+    views = snap.views
     out = []
     for job in snap.jobs:
         if job.state in TERMINAL_STATES or (job.deadline is None and job.max_downtime_s is None):
@@ -251,7 +250,7 @@ class Health(BaseModel):
 
 
 def cluster_health(snap: Snapshot) -> Health:
-    views = snap.views()
+    views = snap.views
     by_state: dict[str, int] = {}
     problems = []
     for n in snap.nodes:
@@ -360,7 +359,7 @@ def horizon_s(job: Job, now: float) -> float:
 
 
 def explain(snap: Snapshot, job: Job) -> Explanation:
-    views = dict(snap.views())
+    views = dict(snap.views)
     jv = job_view(job, snap.now)
     here = views.get(job.node or "")
     own_free = here is not None and not (job.state in TERMINAL_STATES or job.state == JobState.PREEMPTED)
