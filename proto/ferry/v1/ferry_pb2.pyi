@@ -478,6 +478,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     PUBLISH_FIELD_NUMBER: builtins.int
     LABELS_FIELD_NUMBER: builtins.int
     WORK_S_FIELD_NUMBER: builtins.int
+    GANG_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -512,6 +513,8 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """an OCI image: oci:LAYOUT_DIR[:TAG] or oci-archive:TAR[:TAG]"""
     work_s: builtins.float
     """about how long it computes to its end (0: not said); with a deadline, its slack"""
+    gang: builtins.str
+    """checkpointed, restored and failed over with the other jobs of this gang"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -550,8 +553,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         publish: collections.abc.Iterable[builtins.str] | None = ...,
         labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
         work_s: builtins.float = ...,
+        gang: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "work_s", b"work_s"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gang", b"gang", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "work_s", b"work_s"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -630,16 +634,20 @@ class CheckpointRequest(google.protobuf.message.Message):
 
     JOB_FIELD_NUMBER: builtins.int
     STOP_FIELD_NUMBER: builtins.int
+    GANG_FIELD_NUMBER: builtins.int
     job: builtins.str
     stop: builtins.bool
     """final checkpoint: the job stops afterwards"""
+    gang: builtins.str
+    """instead of `job`: one consistent group checkpoint of every member of this gang"""
     def __init__(
         self,
         *,
         job: builtins.str = ...,
         stop: builtins.bool = ...,
+        gang: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["job", b"job", "stop", b"stop"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["gang", b"gang", "job", b"job", "stop", b"stop"]) -> None: ...
 
 global___CheckpointRequest = CheckpointRequest
 
@@ -651,6 +659,9 @@ class RestoreRequest(google.protobuf.message.Message):
     NODE_FIELD_NUMBER: builtins.int
     CHECKPOINT_FIELD_NUMBER: builtins.int
     HERE_FIELD_NUMBER: builtins.int
+    GANG_FIELD_NUMBER: builtins.int
+    NODES_FIELD_NUMBER: builtins.int
+    ALLOW_COLOCATE_FIELD_NUMBER: builtins.int
     job: builtins.str
     node: builtins.str
     """empty: the scheduler picks"""
@@ -658,6 +669,14 @@ class RestoreRequest(google.protobuf.message.Message):
     """empty: the newest committed checkpoint"""
     here: builtins.bool
     """restore in the foreground of the caller on `node` (`ferry restore --here`)"""
+    gang: builtins.str
+    """instead of `job`: every member of this gang from its newest group checkpoint"""
+    allow_colocate: builtins.bool
+    """gang: members may share a node"""
+    @property
+    def nodes(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """gang: where the members go, in the order of their names (empty: the scheduler picks)"""
+
     def __init__(
         self,
         *,
@@ -665,8 +684,11 @@ class RestoreRequest(google.protobuf.message.Message):
         node: builtins.str = ...,
         checkpoint: builtins.str = ...,
         here: builtins.bool = ...,
+        gang: builtins.str = ...,
+        nodes: collections.abc.Iterable[builtins.str] | None = ...,
+        allow_colocate: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["checkpoint", b"checkpoint", "here", b"here", "job", b"job", "node", b"node"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["allow_colocate", b"allow_colocate", "checkpoint", b"checkpoint", "gang", b"gang", "here", b"here", "job", b"job", "node", b"node", "nodes", b"nodes"]) -> None: ...
 
 global___RestoreRequest = RestoreRequest
 
@@ -871,6 +893,8 @@ class Job(google.protobuf.message.Message):
     LABELS_FIELD_NUMBER: builtins.int
     WORK_S_FIELD_NUMBER: builtins.int
     RAN_S_FIELD_NUMBER: builtins.int
+    GANG_FIELD_NUMBER: builtins.int
+    GANG_CHECKPOINT_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -916,6 +940,10 @@ class Job(google.protobuf.message.Message):
     """as submitted (0: not said)"""
     ran_s: builtins.float
     """time it has run so far (from each start or restore)"""
+    gang: builtins.str
+    """its gang, if any"""
+    gang_checkpoint: builtins.str
+    """the newest group checkpoint of its gang that holds it"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -974,8 +1002,10 @@ class Job(google.protobuf.message.Message):
         labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
         work_s: builtins.float = ...,
         ran_s: builtins.float = ...,
+        gang: builtins.str = ...,
+        gang_checkpoint: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gang", b"gang", "gang_checkpoint", b"gang_checkpoint", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
 
 global___Job = Job
 

@@ -144,7 +144,7 @@ def validate_run(args: argparse.Namespace) -> None:
         "gpu_memory_bytes": parse_size(args.gpu_memory) if args.gpu_memory is not None else 0,
         "gpu_shared": args.gpu_shared,
         "network": args.network, "here": args.here, "publish": getattr(args, "publish", []),
-        "labels": parse_labels(getattr(args, "label", [])),
+        "labels": parse_labels(getattr(args, "label", [])), "gang": getattr(args, "gang", None) or "",
         "bundle": os.path.abspath(args.bundle) if args.bundle else "", "image": args.image or "",
     })
     if args.bundle or args.image:  # bad input is refused here, before anything starts
@@ -200,8 +200,16 @@ def checkpoint_view(c: pb.Checkpoint) -> dict[str, Any]:
     return d
 
 
+def _job_or_gang(args: argparse.Namespace) -> None:
+    if bool(args.job) == bool(args.gang):
+        raise UsageError(f"{args.cmd}: name a job, or a gang with --gang (not both)")
+
+
 def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
-    req = pb.CheckpointRequest(job=args.job, stop=args.stop)
+    _job_or_gang(args)
+    req = pb.CheckpointRequest(job=args.job, stop=args.stop, gang=args.gang or "")
+    if args.gang and not args.dry_run:
+        return _gang_done(args, _follow_op(client, args, client.stub.Checkpoint, req, f"checkpoint gang {args.gang}"))
     if args.dry_run:
         return dry_run(client, args, pb.PlanRequest(checkpoint=req))
     final = _follow_op(client, args, client.stub.Checkpoint, req, f"checkpoint {args.job}")
@@ -211,6 +219,23 @@ def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
     else:
         print(f"{c.id}: {size(c.bytes_logical)} dumped, {size(c.bytes_uploaded)} uploaded; frozen {c.freeze_ms:.0f} ms,"
               f" dump {c.dump_ms:.0f} ms, upload {c.upload_ms:.0f} ms" + ("; job stopped" if c.final else ""))
+    return 0
+
+
+def _gang_done(args: argparse.Namespace, final: pb.OpUpdate) -> int:
+    """What a gang's checkpoint or restore did (its op's result)."""
+    result = json.loads(final.result_json or "{}")
+    if _json(args):
+        print_json({"op": final.op, "total_ms": final.total_ms, **result})
+    elif "nodes" in result:
+        where = ", ".join(f"{job} on {node}" for job, node in sorted(result["nodes"].items()))
+        print(f"gang {args.gang} restored from {result.get('group')} in {final.total_ms / 1000:.1f}s: {where}")
+    else:
+        print(f"gang {args.gang}: group checkpoint {result.get('group')} of {len(result.get('members', {}))} "
+              f"members, {size(int(result.get('bytes_uploaded') or 0))} uploaded; network locked "
+              f"{result.get('lock_ms', 0):.0f} ms, slowest freeze {result.get('freeze_ms', 0):.0f} ms (one after "
+              f"another: {result.get('freeze_ms_sum', 0):.0f} ms)"
+              + ("; members stopped" if result.get("stopped") else ""))
     return 0
 
 
@@ -233,7 +258,12 @@ def cmd_restore(client: Client, args: argparse.Namespace) -> int:
         from ferry.cli.here import restore_here
 
         return restore_here(client, args)
-    req = pb.RestoreRequest(job=args.job, node=args.node or "", checkpoint=args.checkpoint or "")
+    _job_or_gang(args)
+    nodes = [n for n in (args.nodes or "").split(",") if n]
+    req = pb.RestoreRequest(job=args.job, node=args.node or "", checkpoint=args.checkpoint or "",
+                            gang=args.gang or "", nodes=nodes, allow_colocate=args.allow_colocate)
+    if args.gang and not args.dry_run:
+        return _gang_done(args, _follow_op(client, args, client.stub.Restore, req, f"restore gang {args.gang}"))
     if args.dry_run:
         return dry_run(client, args, pb.PlanRequest(restore=req))
     return _moved(args, _follow_op(client, args, client.stub.Restore, req, f"restore {args.job}"), "restored")
@@ -295,6 +325,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if job.adopt_pid:
         print(f"{'adopted':16} process {job.adopt_pid}, where its own supervisor started it (Ferry never restarts "
               f"or moves it; a restore makes it Ferry's)")
+    if job.gang:
+        print(f"{'gang':16} {job.gang} (group checkpoint {job.gang_checkpoint or 'none yet'})")
     if job.labels:
         print(f"{'labels':16} {', '.join(f'{k}={v}' for k, v in sorted(job.labels.items()))}")
     if job.here:

@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", metavar="DURATION", help="about how long the job computes to its end, e.g. 4h: with "
                    "--deadline, Ferry knows its slack (the time it runs is counted) and may use spot while the "
                    "slack allows")
+    p.add_argument("--gang", metavar="GANG", help="a member of this gang: jobs that talk to each other (a Ray "
+                   "head and its workers, torchrun's ranks) and so are checkpointed together (`ferry checkpoint "
+                   "--gang`), restored together (`ferry restore --gang`) and failed over together; needs "
+                   "--network bridge")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
 
     p = add("adopt", "take a running process (and its children) into Ferry's care where it runs: watched, "
@@ -113,13 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cgroup", metavar="PATH", help="the cgroup the tree runs in (a SLURM step's, say): refused "
                    "unless it holds exactly the process and its descendants, which a checkpoint takes whole")
 
-    p = add("checkpoint", "checkpoint a running job into the store")
-    p.add_argument("job")
+    p = add("checkpoint", "checkpoint a running job (or every member of a gang, as one) into the store")
+    p.add_argument("job", nargs="?", default="", help="the job (or give --gang)")
+    p.add_argument("--gang", metavar="GANG", help="one consistent group checkpoint of every member of GANG: their "
+                   "network is locked, they dump in parallel, and the group commits only if every member did")
     add_dry_run(p)
-    p.add_argument("--stop", action="store_true", help="final checkpoint: the job stops afterwards")
+    p.add_argument("--stop", action="store_true", help="final checkpoint: the job (every member) stops afterwards")
 
-    p = add("restore", "restore a stopped job from a checkpoint (default: its newest)")
-    p.add_argument("job")
+    p = add("restore", "restore a stopped job (or a whole gang) from a checkpoint (default: its newest)")
+    p.add_argument("job", nargs="?", default="", help="the job (or give --gang)")
+    p.add_argument("--gang", metavar="GANG", help="every member of GANG from its newest group checkpoint")
+    p.add_argument("--nodes", metavar="N1,N2,...", help="with --gang: where the members go, in the order of their "
+                   "names (default: the scheduler picks a node for each, one member per node)")
+    p.add_argument("--allow-colocate", action="store_true", help="with --gang: members may share a node")
     p.add_argument("--node", "--to", dest="node", help="restore on this node (default: the scheduler picks); "
                    "--to is the same option, spelt as migrate spells it")
     p.add_argument("--checkpoint", help="checkpoint id (default: the newest committed one)")

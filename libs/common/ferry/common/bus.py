@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from ferry.common import wire
 from ferry.common.errors import ConfigError, FerryError, NotFoundError, UsageError
-from ferry.common.models import CheckpointRecord, Job, Node, Op, PriceRecord, ServiceBeat
+from ferry.common.models import CheckpointRecord, GangCheckpoint, Job, Node, Op, PriceRecord, ServiceBeat
 from ferry.common.natsauth import NatsCreds
 from ferry.common.tracing import inject
 
@@ -266,6 +266,7 @@ class Bus:
         self.ops: Table[Op]
         self.services: Table[ServiceBeat]
         self.prices: Table[PriceRecord]
+        self.gangs: Table[GangCheckpoint]
         self._subs: list[Any] = []
         self._create = True
         self.reconnects = Reconnects()
@@ -364,6 +365,7 @@ class Bus:
             self.ops = await self._table(wire.KV_OPS, Op)
             self.services = await self._table(wire.KV_SERVICES, ServiceBeat)
             self.prices = await self._table(wire.KV_PRICES, PriceRecord)
+            self.gangs = await self._table(wire.KV_GANGS, GangCheckpoint)
         except nats.errors.Error as exc:
             raise BusError(f"cannot set up JetStream streams and buckets: {exc}") from exc
 

@@ -44,7 +44,7 @@ FLAGS = {
     "work_s": "--work",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
     "network": "--network", "here": "--here", "adopt_pid": "PID", "bundle": "--bundle",
-    "image": "--image", "publish": "--publish", "labels": "--label",
+    "image": "--image", "publish": "--publish", "labels": "--label", "gang": "--gang",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -77,6 +77,7 @@ class JobRequest(BaseModel):
     image: str = Field("", max_length=PATH_MAX)  # oci:DIR[:TAG] or oci-archive:TAR[:TAG] on the node
     publish: list[str] = Field(default_factory=list, max_length=PUBLISH_MAX)  # HOST:JOB[/tcp|udp], bridge only
     labels: dict[str, str] = Field(default_factory=dict)  # e.g. source=slurm, slurm.job=42
+    gang: str = ""  # the gang it is checkpointed and restored with (ferry.policy.gangs)
 
     @field_validator("labels")
     @classmethod
@@ -117,7 +118,7 @@ class JobRequest(BaseModel):
             raise ValueError("use oci:/LAYOUT_DIR[:TAG] or oci-archive:/FILE.tar[:TAG] (no registry is reachable)")
         return v
 
-    @field_validator("name")
+    @field_validator("name", "gang")
     @classmethod
     def _name(cls, v: str) -> str:
         if v and (len(v) > NAME_MAX or not is_token(v)):
@@ -196,7 +197,7 @@ class JobRequest(BaseModel):
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
             network=self.resolved_network(), here=self.here, adopt_pid=self.adopt_pid or None,
             bundle=self.bundle or None, image=self.image or None,
-            publish=[parse_publish(p) for p in self.publish], labels=self.labels)
+            publish=[parse_publish(p) for p in self.publish], labels=self.labels, gang=self.gang or None)
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:
@@ -219,6 +220,12 @@ def check_request(fields: dict[str, Any]) -> JobRequest:
         raise UsageError("adopt: an adopted process runs where it is; --here does not apply")
     if request.here and not request.node:
         raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
+    if request.gang and (request.here or request.adopt_pid):
+        raise UsageError("--gang: a gang is moved and restarted by Ferry, not by another supervisor (drop "
+                         "--here, or adopt the process alone)")
+    if request.gang and request.resolved_network() != Network.BRIDGE:
+        raise UsageError("--gang needs --network bridge: members keep their addresses wherever they go, and "
+                         "their links are what a group checkpoint locks")
     if request.exec_bytes() > EXEC_MAX:
         raise UsageError(f"the command and --env together are {format_bytes(request.exec_bytes())}: "
                          f"at most {format_bytes(EXEC_MAX)}")

@@ -112,6 +112,9 @@ class Job(Record):
     # who or what started it, as the user or an integration said: `source` (slurm, kubernetes, ray),
     # `slurm.job`, ... (`ferry run --label`, `ferry ps --source`)
     labels: dict[str, str] = Field(default_factory=dict)
+    # `ferry run --gang`: the group it is checkpointed, restored and failed over with (ferry.policy.gangs)
+    gang: str | None = None
+    gang_checkpoint: str | None = None  # the newest committed group checkpoint it belongs to
 
     @property
     def container(self) -> bool:
@@ -188,6 +191,24 @@ class CheckpointRecord(Record):
     gpu_lock_ms: float = 0.0
     gpu_checkpoint_ms: float = 0.0
     sockets: list[str] = Field(default_factory=list)  # the Internet sockets it carried ("tcp A <-> B established")
+
+
+class GangCheckpoint(Record):
+    """A committed group checkpoint of a gang (KV ``ferry_gangs``): written once every member's own
+    checkpoint committed, and only then; a restore of the gang takes each member's from here."""
+
+    id: str
+    gang: str
+    tenant: str = DEFAULT_TENANT
+    created: float = Field(default_factory=now)
+    members: dict[str, str] = Field(default_factory=dict)  # job id -> its checkpoint in the group
+    names: dict[str, str] = Field(default_factory=dict)  # job id -> job name
+    nodes: dict[str, str] = Field(default_factory=dict)  # job id -> where it was dumped
+    lock_ms: float = 0.0  # how long the gang's network was locked: its members could not talk
+    freeze_ms: float = 0.0  # the slowest member's freeze (members dump in parallel)
+    freeze_ms_sum: float = 0.0  # what dumping them one after another would have frozen
+    bytes_uploaded: int = 0
+    final: bool = False  # `--stop`: the members ended with it
 
 
 class OpKind(StrEnum):

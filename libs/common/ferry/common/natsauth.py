@@ -35,7 +35,8 @@ from ferry.common.errors import ConfigError
 
 CONTROL_ROLES = ("scheduler", "api", "health", "pricing")
 NODE_ROLES = ("checkpointer", "migrator")
-_BUCKETS = (wire.KV_JOBS, wire.KV_NODES, wire.KV_CHECKPOINTS, wire.KV_OPS, wire.KV_SERVICES, wire.KV_PRICES)
+_BUCKETS = (wire.KV_JOBS, wire.KV_NODES, wire.KV_CHECKPOINTS, wire.KV_OPS, wire.KV_SERVICES, wire.KV_PRICES,
+            wire.KV_GANGS)
 
 
 class NatsCreds(BaseModel):
@@ -107,7 +108,8 @@ def permissions(user: str) -> dict[str, dict[str, list[str]]]:
                 *_consumer(wire.CMD_STREAM, "scheduler", wire.SCHEDULER_CMD),
                 *_consumer(wire.EVT_STREAM, "scheduler-node-events", wire.NODE_EVENTS),
                 "ferry.cmd.node.>", "ferry.evt.job.>", "ferry.evt.cluster.>",
-                _kv(wire.KV_JOBS), _kv(wire.KV_OPS), _kv(wire.KV_CHECKPOINTS), _kv(wire.KV_NODES)]
+                _kv(wire.KV_JOBS), _kv(wire.KV_OPS), _kv(wire.KV_CHECKPOINTS), _kv(wire.KV_NODES),
+                _kv(wire.KV_GANGS)]
     elif role == "api":
         pub += [wire.SCHEDULER_CMD, _kv(wire.KV_OPS), "ferry.rpc.node.*.logs", wire.AUDIT_SUBJECTS,
                 f"$JS.API.CONSUMER.CREATE.{wire.AUDIT_STREAM}.>", f"$JS.API.CONSUMER.MSG.NEXT.{wire.AUDIT_STREAM}.*",

@@ -92,4 +92,37 @@ class LiveMove(RestorePhase):
     fallback_error: str | None = None  # neither copy ran: restored from the last committed checkpoint
 
 
-OpArgs = Annotated[Plain | CheckpointArgs | RestoreArgs | ColdMove | LiveMove, Field(discriminator="type")]
+class GangCheckpointArgs(Record):
+    """A group checkpoint of a gang (``ferry.scheduler.ops.gang``): lock, dump, commit, release."""
+
+    type: Literal["gang_checkpoint"] = "gang_checkpoint"
+    gang: str
+    members: list[str] = Field(default_factory=list)  # job ids, in the order of their checkpoint ids
+    stop: bool = False
+    periodic: bool = False
+    reason: str | None = None  # a failover's or an evacuation's why, for the parked members
+    locked: list[str] = Field(default_factory=list)
+    locked_at: float | None = None  # when the first member's network was locked
+    committed: dict[str, str] = Field(default_factory=dict)  # job id -> its committed checkpoint
+    freeze_ms: dict[str, float] = Field(default_factory=dict)
+    bytes_uploaded: int = 0
+    released: list[str] = Field(default_factory=list)
+    error: str | None = None  # why it is being undone (set once: the first member's failure)
+    fault: bool = False  # `ferry chaos fail-live round`: the last member's dump fails (to see it undone)
+
+
+class GangRestoreArgs(Record):
+    """A restore of a whole gang from one group checkpoint, each member on its node."""
+
+    type: Literal["gang_restore"] = "gang_restore"
+    gang: str
+    group: str  # the group checkpoint
+    members: dict[str, str] = Field(default_factory=dict)  # job id -> its checkpoint in the group
+    targets: dict[str, str] = Field(default_factory=dict)  # job id -> node
+    restored: list[str] = Field(default_factory=list)
+    failed: dict[str, str] = Field(default_factory=dict)  # job id -> why its restore failed
+    failover: str | None = None  # the lost node, when a failover started it
+
+
+OpArgs = Annotated[Plain | CheckpointArgs | RestoreArgs | ColdMove | LiveMove | GangCheckpointArgs | GangRestoreArgs,
+                   Field(discriminator="type")]

@@ -36,6 +36,7 @@ KV_CHECKPOINTS = "ferry_ckpts"
 KV_OPS = "ferry_ops"
 KV_SERVICES = "ferry_services"
 KV_PRICES = "ferry_prices"
+KV_GANGS = "ferry_gangs"
 
 SCHEDULER_CMD = "ferry.cmd.scheduler"
 NODE_EVENTS = "ferry.evt.node.>"
@@ -106,6 +107,10 @@ def ckpt_key(job: str, checkpoint: str) -> str:
     return f"{token(job)}.{token(checkpoint)}"
 
 
+def gang_key(gang: str, checkpoint: str) -> str:
+    return f"{token(gang)}.{token(checkpoint)}"
+
+
 class JobSpec(Record):
     name: str
     tenant: str = DEFAULT_TENANT
@@ -131,6 +136,7 @@ class JobSpec(Record):
     image: str | None = None
     publish: list[PortMap] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
+    gang: str | None = None
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""
@@ -152,10 +158,14 @@ class SchedulerCommand(Record):
     live: bool = False
     tcp_established: bool = False
     here: bool = False  # restore: in the foreground of the caller on `node`
+    gang: str | None = None  # checkpoint, restore: every member of this gang, as one
+    nodes: list[str] = Field(default_factory=list)  # a gang's restore: where its members go, in order
+    allow_colocate: bool = False  # a gang's restore: members may share a node
 
 
 NodeCommandKind = Literal["launch", "kill", "checkpoint", "restore",
-                          "live_prepare", "live_freeze", "live_restore", "live_end", "live_resume"]
+                          "live_prepare", "live_freeze", "live_restore", "live_end", "live_resume",
+                          "gang_lock", "gang_release"]
 
 
 class NodeCommand(Record):
@@ -188,6 +198,9 @@ NodeEventKind = Literal[
     "live_lost",  # the target failed after it ran: it is killed; the source must resume
     "live_resumed",  # the source runs again after a failed live move
     "live_resume_failed",  # the source is gone: restore from the last committed checkpoint
+    "gang_locked",  # a gang member's network is locked: nothing reaches it or leaves it
+    "gang_lock_failed",  # it could not be (not running here): the gang checkpoint is undone
+    "gang_released",  # unlocked (or, after a final group checkpoint, ended)
 ]
 
 

@@ -62,6 +62,13 @@ class HostEnd:
     def set_up(self, up: bool) -> None:
         netcmd.run(["ip", "link", "set", self.host_if, "up" if up else "down"], netns=self.node_netns)
 
+    def block(self, blocked: bool) -> None:
+        """Blocks (or unblocks) the job's traffic at the node's bridge, the link staying up: a gang's
+        network lock while its members dump. Not ``set_up(False)``: CRIU would dump the job's
+        routes marked LINKDOWN, which the kernel refuses to restore."""
+        netcmd.run(["ip", "link", "set", "dev", self.host_if, "type", "bridge_slave", "state",
+                    "0" if blocked else "3"], netns=self.node_netns)
+
     def delete(self) -> None:
         """Removes it (and the job's end with it); nothing when it is gone already."""
         try:

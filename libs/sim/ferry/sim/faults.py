@@ -24,12 +24,15 @@ def arm_live_fault(data_dir: Path, phase: str) -> None:
     tmp.replace(chaos / LIVE_FAULT_FILE)
 
 
-def take_live_fault(data_dir: Path) -> FaultPhase | None:
-    """The phase in which the next live move must fail, if one was armed; disarms it."""
+def take_live_fault(data_dir: Path, phases: tuple[FaultPhase, ...] = LIVE_PHASES) -> FaultPhase | None:
+    """The phase in which the next live move must fail, if one was armed; disarms it. `phases`:
+    only a fault of one of these is taken (a gang checkpoint takes ``round``: a member's dump)."""
     path = data_dir / "chaos" / LIVE_FAULT_FILE
     try:
         phase = json.loads(path.read_text()).get("phase")
     except (OSError, ValueError, AttributeError):
+        return None
+    if phase not in phases:
         return None
     path.unlink(missing_ok=True)
     return next((p for p in LIVE_PHASES if p == phase), None)

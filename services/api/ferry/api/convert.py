@@ -25,7 +25,7 @@ def job_to_pb(job: Job) -> pb.Job:
         adopt_pid=job.adopt_pid or 0, adopted=job.adopted,
         bundle=job.bundle or "", image=job.image or "", address=job.address or "",
         publish=[str(m) for m in job.publish], labels=job.labels, work_s=job.work_s or 0.0,
-        ran_s=progress.ran_s(job, time.time()),
+        ran_s=progress.ran_s(job, time.time()), gang=job.gang or "", gang_checkpoint=job.gang_checkpoint or "",
     )
 
 

@@ -30,7 +30,7 @@ from ferry.common.sealing import read_key, seal_env
 from ferry.common.service import Service, service_main
 from ferry.common.tenancy import Tenants, Usage
 from ferry.common.tracing import extract, tracer
-from ferry.policy import admission, plans, signals
+from ferry.policy import admission, gangs, plans, signals
 from ferry.policy.views import effective_price
 from ferry.sim import chaos
 from ferry.v1 import ferry_pb2 as pb
@@ -283,11 +283,32 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     # ---- the mutating calls' checks: shared by the calls and their dry runs (Plan) --------------
 
+    async def gang(self, name: str, job: str) -> list[Job]:
+        """The members of gang `name` the caller may see (checked as the scheduler checks them)."""
+        if job:
+            raise UsageError("name a job or --gang, not both")
+        if not wire.is_token(name):
+            raise UsageError(f"bad gang name {name!r}: use letters, digits, '-' and '_'")
+        me = caller()
+        members = gangs.gang_members((j for j in await self.bus.jobs.values() if me.may_see(j)), name)
+        if not members:
+            raise NotFoundError(f"no gang {name!r}: `ferry ps` shows each job's gang")
+        return members
+
     async def checkpoint_cmd(self, request: pb.CheckpointRequest) -> tuple[wire.SchedulerCommand, Job]:
+        if request.gang:
+            members = await self.gang(request.gang, request.job)
+            gangs.gang_checkpointable(request.gang, members)
+            return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.CHECKPOINT, gang=request.gang,
+                                         stop=request.stop), members[0]
         job = await self.resolve(request.job)
         return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, stop=request.stop), job
 
     async def restore_cmd(self, request: pb.RestoreRequest) -> tuple[wire.SchedulerCommand, Job]:
+        if request.gang:
+            return await self.gang_restore_cmd(request)
+        if request.nodes or request.allow_colocate:
+            raise UsageError("--nodes and --allow-colocate go with --gang")
         job = await self.resolve(request.job)
         if request.node:
             await self.require_node(request.node)
@@ -301,6 +322,19 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             raise UsageError("--here: say which node this is with --node NODE (or FERRY_NODE)")
         return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, job=job.id, node=request.node or None,
                                      checkpoint=request.checkpoint or None, here=request.here), job
+
+    async def gang_restore_cmd(self, request: pb.RestoreRequest) -> tuple[wire.SchedulerCommand, Job]:
+        members = await self.gang(request.gang, request.job)
+        if request.checkpoint or request.here or request.node:
+            raise UsageError("a gang restores from its newest group checkpoint, where --nodes says: drop "
+                             "--checkpoint, --node and --here")
+        for node in request.nodes:
+            await self.require_node(node)
+        gangs.assign_nodes(members, list(request.nodes), allow_colocate=request.allow_colocate)
+        groups = await self.bus.gangs.values(prefix=f"{request.gang}.")
+        gangs.gang_restorable(request.gang, members, gangs.newest_group(groups, members))
+        return wire.SchedulerCommand(op=new_id("op"), kind=OpKind.RESTORE, gang=request.gang,
+                                     nodes=list(request.nodes), allow_colocate=request.allow_colocate), members[0]
 
     async def migrate_cmd(self, request: pb.MigrateRequest) -> tuple[wire.SchedulerCommand, Job]:
         job = await self.resolve(request.job)
@@ -591,6 +625,8 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def _plan(self, request: pb.PlanRequest) -> plans.Plan:
         which = request.WhichOneof("action")
+        if (which == "checkpoint" and request.checkpoint.gang) or (which == "restore" and request.restore.gang):
+            raise UsageError("dry runs of a gang's checkpoint or restore are not built yet: drop --dry-run")
         if which == "checkpoint":
             _, job = await self.checkpoint_cmd(request.checkpoint)
             admission.checkpointable(job)

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 from nats.aio.msg import Msg
 
+from ferry.checkpointer.gang import GangMember
 from ferry.checkpointer.live import LiveSource
 from ferry.checkpointer.pipeline import CheckpointPipeline
 from ferry.common import wire
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkpoints
 
 
-class Checkpointer(LiveSource, NodeService):
+class Checkpointer(GangMember, LiveSource, NodeService):
     """The node agent: runs, supervises and checkpoints the workloads of one node."""
 
     name = "checkpointer"
@@ -90,6 +91,8 @@ class Checkpointer(LiveSource, NodeService):
         await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
         jobs = Mirror(self.bus.jobs)  # what the job network and the expiry of ended jobs follow
         await jobs.start()
+        await self.recover_gang_locks([JobDir(d) for d in sorted(self.jobs_dir.iterdir())],
+                                      {j.id: j for j in jobs.values()})
         try:
             await asyncio.gather(
                 self.pipeline.collect_garbage("a start (a crash may have left chunks of an unfinished checkpoint)"),
@@ -329,7 +332,8 @@ class Checkpointer(LiveSource, NodeService):
 
     def handlers(self) -> dict[str, Callable[[wire.NodeCommand], Awaitable[None]]]:
         return {"launch": self.launch, "kill": self.kill, "checkpoint": self.pipeline.checkpoint,
-                "live_freeze": self.live_freeze, "live_end": self.live_end, "live_resume": self.live_resume}
+                "live_freeze": self.live_freeze, "live_end": self.live_end, "live_resume": self.live_resume,
+                "gang_lock": self.gang_lock, "gang_release": self.gang_release}
 
     def env_key(self) -> bytes:
         """The private key that opens jobs' environments (read when a job needs it)."""

@@ -7,6 +7,7 @@ import tenacity
 
 from ferry.common import wire
 from ferry.common.bus import BusError
+from ferry.scheduler.ops.gang import GangStep, SaveGang
 from ferry.scheduler.ops.step import Emit, SaveJob, SaveOp, Send, Step
 from ferry.scheduler.state import ClusterState
 
@@ -30,7 +31,7 @@ class Effects:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
 
-    async def apply(self, step: Step | None) -> None:
+    async def apply(self, step: Step | GangStep | None) -> None:
         if step is None:
             return
         for effect in step.effects:
@@ -42,6 +43,8 @@ class Effects:
                 await self.send(effect.service, effect.cmd)
             elif isinstance(effect, Emit):
                 await self.state.emit(effect.event)
+            elif isinstance(effect, SaveGang):
+                await self.state.bus.gangs.put(wire.gang_key(effect.record.gang, effect.record.id), effect.record)
 
     async def send(self, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
         """Sends `cmd` to `service` on the node ``cmd.job.node``."""

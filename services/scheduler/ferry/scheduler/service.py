@@ -21,17 +21,25 @@ from ferry.common import wire
 from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError, kind_of
 from ferry.common.jobnet import allocate
 from ferry.common.models import CheckpointRecord, Event, Job, JobState, Network, Node, Op, OpKind, now
-from ferry.common.opargs import CheckpointArgs, ColdMove, LiveMove, Plain, RestoreArgs
+from ferry.common.opargs import (
+    CheckpointArgs,
+    ColdMove,
+    GangCheckpointArgs,
+    GangRestoreArgs,
+    LiveMove,
+    Plain,
+    RestoreArgs,
+)
 from ferry.common.service import Service, service_main
 from ferry.common.tracing import extract, tracer
-from ferry.policy import admission
+from ferry.policy import admission, gangs
 from ferry.policy import decisions as policy
 from ferry.policy.netplan import published_conflict, with_job_network
 from ferry.policy.placement import LATE_HEARTBEAT
 from ferry.policy.views import gpu_assignments, job_view, node_views, wants_live
 from ferry.scheduler.control import ControlLoop
 from ferry.scheduler.effects import Effects
-from ferry.scheduler.ops import checkpoint, live_move, restore, run
+from ferry.scheduler.ops import checkpoint, gang, live_move, restore, run
 from ferry.scheduler.ops.live_move import RESENDABLE, live_phase
 from ferry.scheduler.ops.step import Placement, Step, derived_id, next_checkpoint_at, no_op
 from ferry.scheduler.state import ClusterState
@@ -65,9 +73,16 @@ class Scheduler(Service):
     async def resume_in_flight(self) -> None:
         """Sends again the node command of every op a previous scheduler left in flight: node
         commands are idempotent and deduplicated, so whatever had already arrived is not repeated."""
+        gang_ops: set[str] = set()
         for job in await self.state.jobs():
             op = await self.state.op(job.op) if job.op else None
             if op is None or op.finished or not job.node:
+                continue
+            if isinstance(op.args, GangCheckpointArgs | GangRestoreArgs):
+                if op.id not in gang_ops:
+                    gang_ops.add(op.id)
+                    log.info("resuming the %s of gang %s (phase %s)", op.kind, op.args.gang, op.phase or "-")
+                    await self.effects.apply(gang.resend(self.gang_of(op), op))
                 continue
             log.info("resuming %s of %s (phase %s)", op.kind, job.name, op.phase or "-")
             if live_phase(op) in RESENDABLE:
@@ -128,6 +143,12 @@ class Scheduler(Service):
         if cmd.kind == OpKind.DRAIN:
             await self.control.drain_node(cmd, op)
             return
+        if cmd.gang and cmd.kind == OpKind.CHECKPOINT:
+            await self.gang_checkpoint(cmd.gang, op, stop=cmd.stop)
+            return
+        if cmd.gang and cmd.kind == OpKind.RESTORE:
+            await self.gang_restore(cmd.gang, op, nodes=cmd.nodes, allow_colocate=cmd.allow_colocate)
+            return
         job = await self.state.job(cmd.job)
         resumed = job.op == op.id  # a redelivery of an op this scheduler already started
         if cmd.kind == OpKind.KILL:
@@ -157,6 +178,8 @@ class Scheduler(Service):
                 if other.name == spec.name:
                     raise AlreadyExistsError(f"a job named {spec.name!r} exists already ({other.id}, "
                                         f"{other.state}); pick another name")
+            if spec.gang and any(o.gang == spec.gang and o.tenant != spec.tenant for o in await self.state.jobs()):
+                raise AlreadyExistsError(f"the gang name {spec.gang!r} is taken; pick another")
             if spec.node:
                 await self.state.node(spec.node)
             address = None
@@ -215,6 +238,86 @@ class Scheduler(Service):
         fit = gpu_fit.get(best.id, [])
         job.gpu_uuids = fit if isinstance(fit, list) else []
         return best.id, ""
+
+    # ---- gangs ---------------------------------------------------------------------------------
+
+    def gang_of(self, op: Op) -> list[Job]:
+        """The member jobs a gang op works on."""
+        args = op.args
+        ids = args.members if isinstance(args, GangCheckpointArgs) else \
+            list(args.members) if isinstance(args, GangRestoreArgs) else []
+        return [j for j in (self.state.find_job(i) for i in ids) if j is not None]
+
+    async def gang_checkpoint(self, name: str, op: Op, *, stop: bool, periodic: bool = False,
+                              reason: str | None = None) -> None:
+        if isinstance(op.args, GangCheckpointArgs):  # a redelivery of one this scheduler began
+            await self.effects.apply(gang.resend(self.gang_of(op), op))
+            return
+        members = gangs.gang_members(await self.state.jobs(), name)
+        gangs.gang_checkpointable(name, members)
+        fault = take_live_fault(self.settings.data_dir, ("round",)) is not None
+        await self.effects.apply(gang.begin_checkpoint(name, members, op, stop=stop, now=now(), periodic=periodic,
+                                                       reason=reason, fault=fault))
+
+    async def gang_restore(self, name: str, op: Op, *, nodes: list[str], allow_colocate: bool,
+                           failover: str | None = None) -> None:
+        if isinstance(op.args, GangRestoreArgs):
+            await self.effects.apply(gang.resend(self.gang_of(op), op))
+            return
+        members = gangs.gang_members(await self.state.jobs(), name)
+        groups = await self.state.bus.gangs.values(prefix=f"{wire.token(name)}.") if members else []
+        group = gangs.gang_restorable(name, members, gangs.newest_group(groups, members))
+        for node_id in nodes:
+            await self.state.node(node_id)  # NotFoundError for an unknown node
+        targets = gangs.assign_nodes(members, nodes, allow_colocate=allow_colocate)
+        taken: list[str] = []
+        for job in members:  # each member where it fits; others' picks are avoided unless colocating
+            exclude = None if allow_colocate else set(taken)
+            probe = job.model_copy(deep=True)
+            probe.state = JobState.PREEMPTED
+            target = targets.get(job.id) or await self._gang_target(probe, exclude, failover)
+            if job.id in targets:
+                target = await self._target(probe, target)
+            targets[job.id] = target
+            taken.append(target)
+            job.gpu_uuids = probe.gpu_uuids
+        await self.effects.apply(gang.begin_restore(name, members, op, group, targets, failover=failover))
+
+    async def _gang_target(self, job: Job, exclude: set[str] | None, failover: str | None) -> str:
+        """A node for one member of a gang restore, not one in `exclude` (where other members go)."""
+        others = {*(exclude or set()), *([failover] if failover else [])}
+        target, why = await self.pick_node_excluding(job, others)
+        if target is None:
+            hint = "" if exclude is None else " (or add --allow-colocate to let members share nodes)"
+            raise ConflictError(f"cannot place gang member {job.name}: {why}{hint}")
+        return target
+
+    async def pick_node_excluding(self, job: Job, exclude: set[str]) -> tuple[str | None, str]:
+        t = now()
+        others = [j for j in await self.state.jobs() if j.id != job.id]
+        nodes = await self.state.nodes()
+        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
+        if job.network == Network.BRIDGE:
+            views = with_job_network(views, nodes)
+        candidates = [v for v in views if v.usable and v.id not in exclude]
+        jv = job_view(job, t)
+        best = policy.choose_node(jv, candidates, t) if candidates else None
+        if best is None:
+            pool = [v for v in views if v.id not in exclude]
+            return None, policy.unplaced_reason(jv, pool) if pool else "no other node is free for it"
+        return best.id, ""
+
+    async def on_gang_event(self, job: Job, ev: wire.NodeEvent) -> None:
+        op = await self.state.op(ev.op) if ev.op else None
+        if op is None or not isinstance(op.args, GangCheckpointArgs):
+            return
+        members, t = self.gang_of(op), now()
+        if ev.kind == "gang_locked":
+            await self.effects.apply(gang.on_locked(members, op, job.id))
+        elif ev.kind == "gang_lock_failed":
+            await self.effects.apply(gang.on_member_failed(members, op, job.id, ev.error or "lock failed", t))
+        elif ev.kind == "gang_released":
+            await self.effects.apply(gang.on_released(members, op, job.id, t))
 
     async def kill(self, job: Job, op: Op, grace_s: float) -> None:
         await self.effects.apply(run.kill(job, op, grace_s, now()))
@@ -349,6 +452,9 @@ class Scheduler(Service):
                     "restored": self.on_restored,
                     "restore_failed": self.on_restore_failed,
                     "checkpoints_expired": self.on_checkpoints_expired,
+                    "gang_locked": self.on_gang_event,
+                    "gang_lock_failed": self.on_gang_event,
+                    "gang_released": self.on_gang_event,
                 }.get(ev.kind)
                 if handler is not None:
                     await handler(job, ev)
@@ -402,6 +508,16 @@ class Scheduler(Service):
         for gone in ev.deleted_checkpoints:  # the node's retention policy removed these from the store
             if gone != record.id:
                 await self.state.bus.checkpoints.delete(wire.ckpt_key(job.id, gone))
+        if ours and op is not None and isinstance(op.args, GangCheckpointArgs):
+            if ev.kind == "checkpoint_committed" and fresh:
+                job.checkpoints += 1
+                await self.state.save_job(job)
+            if ev.kind == "checkpoint_committed":
+                step = gang.on_member_committed(self.gang_of(op), op, job.id, record, now())
+            else:
+                step = gang.on_member_failed(self.gang_of(op), op, job.id, record.error or "its dump failed", now())
+            await self.effects.apply(step)
+            return
         if ev.kind == "checkpoint_committed":
             if fresh:
                 job.last_checkpoint = record.id
@@ -425,13 +541,18 @@ class Scheduler(Service):
         if job.state not in (JobState.RESTORING, JobState.MIGRATING):
             return
         op = await self._op_of(job, OpKind.RESTORE)
-        if live_phase(op) == "switch":
+        if isinstance(op.args, GangRestoreArgs):
+            await self.effects.apply(gang.on_member_restored(self.gang_of(op), op, ev, now()))
+        elif live_phase(op) == "switch":
             await self.effects.apply(live_move.on_restored(job, op, ev))
         else:
             await self.effects.apply(restore.on_restored(job, op, ev, now()))
 
     async def on_restore_failed(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self._op_of(job, OpKind.RESTORE)
+        if isinstance(op.args, GangRestoreArgs):
+            await self.effects.apply(gang.on_member_restore_failed(self.gang_of(op), op, ev, now()))
+            return
         if isinstance(op.args, LiveMove) and op.phase == "switch":
             await self.effects.apply(live_move.on_target_failed(
                 job, op, ev.error or "the live restore failed", self.state.find_node(op.args.source),
