@@ -1,5 +1,7 @@
 """The rules of a job request (ferry.common.jobspec): one line naming the flag, for every client."""
 
+import re
+
 import pytest
 
 from ferry.common import wire
@@ -156,3 +158,20 @@ def test_every_dump_and_restore_of_an_isolated_job_keeps_its_connections() -> No
     assert job_criu_args("host", ["--tcp-established"]) == ("--tcp-established", "--network-lock", "nftables")
     assert job_criu_args("isolated", ["--tcp-established"]).count("--tcp-established") == 1
     assert job_criu_args("host", adopted=True) == ("--shell-job",)
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"gang": "g", "network": "host"}, "--gang needs --network bridge"),
+    ({"gang": "g", "network": "isolated"}, "--gang needs --network bridge"),
+    ({"gang": "g", "here": True, "node": "n1"}, "--gang: a gang is moved and restarted by Ferry"),
+    ({"gang": "a.b"}, "bad --gang 'a.b': use 1 to 63 letters"),
+])
+def test_a_gang_member_needs_a_bridge_network_and_ferry_as_its_supervisor(fields: dict[str, object],
+                                                                          error: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(error)):
+        check_request({"argv": ["x"], **fields})
+
+
+def test_a_gang_member_is_a_bridge_job_by_default() -> None:
+    spec = check_request({"argv": ["x"], "gang": "g1"}).to_spec("t1", 0.0, SealedEnv())
+    assert spec.gang == "g1" and spec.network == Network.BRIDGE

@@ -2,9 +2,9 @@
 before any member dumps, and released (or the member ended) once the group committed or was undone.
 
 The lock is the member's port on the node's bridge set to blocking (``HostEnd.block``): nothing
-reaches the member or leaves it, so no member's kernel acknowledges what another member sends after the gang was locked. A lock
-marker in the job's folder names the op, so that a checkpointer restarted while the op had ended
-unlocks what it left locked: nothing stays cut off.
+reaches the member or leaves it, so no member's kernel acknowledges what another member sends after
+the gang was locked. A lock marker in the job's folder names the op, so that a checkpointer
+restarted while the op had ended unlocks what it left locked: nothing stays cut off.
 """
 
 import asyncio
