@@ -6,9 +6,12 @@ is unbroken only if the connection between them lost or repeated nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.conftest import PY, Cluster, wait_until
+from tests.e2e.test_control import make_cluster
 from tests.e2e.test_errors import one_line_error
 from tests.programs import tcp_answer_server, tcp_counter_client
 
@@ -109,3 +112,37 @@ def test_bad_gang_input_is_refused_before_anyone_is_frozen(cluster: Cluster) -> 
     assert set(done["nodes"].values()) == {"node-1"}, done
     for job in ("g3-a", "g3-b"):
         c.ferry("kill", job)
+
+
+THREE = """
+nodes:
+  - {id: n1, cpus: 2}
+  - {id: n2, cpus: 2}
+  - {id: n3, cpus: 2}
+"""
+
+
+@pytest.fixture
+def three_nodes(criu_bin: str) -> Iterator[Cluster]:
+    """Three 2-cpu nodes with fast heartbeats (a lost node is noticed after 3 s)."""
+    yield from make_cluster(THREE)
+
+
+def test_a_gang_whose_node_dies_comes_back_whole_from_its_last_periodic_group_checkpoint(
+        three_nodes: Cluster) -> None:
+    c = three_nodes
+    c.json("run", "--name", "g4-srv", "--gang", "g4", "--node", "n1", "--checkpoint-every", "3s", "--", PY, "-c",
+           tcp_answer_server(PORT))
+    address = c.json("status", "g4-srv")["address"]
+    c.json("run", "--name", "g4-cli", "--gang", "g4", "--node", "n2", "--checkpoint-every", "3s", "--", PY, "-c",
+           tcp_counter_client(address, PORT, MESSAGES))
+    c.wait_lines("g4-cli", 50)
+    wait_until(lambda: c.json("status", "g4-cli")["gang_checkpoint"], 60, "a periodic group checkpoint")
+    c.ferry("chaos", "kill-node", "n2")
+    for job in ("g4-srv", "g4-cli"):  # the server ran on a live node: it comes back from the group too
+        wait_until(lambda job=job: (s := c.json("status", job))["state"] == "running" and s["restarts"] >= 1
+                   and s["node"] != "n2", 120, f"{job} to be restored off n2")
+    assert c.ferry("wait", "g4-cli", "--timeout", "300").returncode == 0
+    assert c.logs("g4-cli") == WANT, "the gang's failover lost or repeated a message"
+    assert c.json("status", "g4-cli")["gang_checkpoint"], "restored from a group checkpoint"
+    c.ferry("kill", "g4-srv")

@@ -100,7 +100,8 @@ class GangCheckpointArgs(Record):
     members: list[str] = Field(default_factory=list)  # job ids, in the order of their checkpoint ids
     stop: bool = False
     periodic: bool = False
-    reason: str | None = None  # a failover's or an evacuation's why, for the parked members
+    reason: str | None = None  # why the members were parked (preempt-and-save), for `--stop`
+    parked_by: str = "user"  # "capacity": the scheduler parked the gang to make room
     locked: list[str] = Field(default_factory=list)
     locked_at: float | None = None  # when the first member's network was locked
     committed: dict[str, str] = Field(default_factory=dict)  # job id -> its committed checkpoint
@@ -109,6 +110,13 @@ class GangCheckpointArgs(Record):
     released: list[str] = Field(default_factory=list)
     error: str | None = None  # why it is being undone (set once: the first member's failure)
     fault: bool = False  # `ferry chaos fail-live round`: the last member's dump fails (to see it undone)
+
+
+class Survivor(Record):
+    """A gang member that still ran when another member's node was lost: where, and as which incarnation."""
+
+    node: str
+    incarnation: int
 
 
 class GangRestoreArgs(Record):
@@ -122,6 +130,9 @@ class GangRestoreArgs(Record):
     restored: list[str] = Field(default_factory=list)
     failed: dict[str, str] = Field(default_factory=dict)  # job id -> why its restore failed
     failover: str | None = None  # the lost node, when a failover started it
+    stopping: dict[str, "Survivor"] = Field(default_factory=dict)  # a failover's survivors: ended first
+    released: list[str] = Field(default_factory=list)  # ... and those of them that are
+    fresh_start: bool = False  # a failover without a group checkpoint: the members start again
 
 
 OpArgs = Annotated[Plain | CheckpointArgs | RestoreArgs | ColdMove | LiveMove | GangCheckpointArgs | GangRestoreArgs,

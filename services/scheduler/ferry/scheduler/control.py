@@ -46,6 +46,19 @@ class Actions(Protocol):
     async def begin_move(self, job: Job, op: Op, source: Node, target: str) -> None:
         ...
 
+    async def gang_checkpoint(self, name: str, op: Op, *, stop: bool, periodic: bool = False,
+                              reason: str | None = None, parked_by: str = "user") -> None:
+        ...
+
+    async def gang_failover(self, name: str, lost: Node, why: str = "") -> None:
+        ...
+
+    async def gang_resume(self, name: str) -> None:
+        ...
+
+
+GANG_RETRY_S = 10.0  # a gang's periodic checkpoint that could not start now is tried again after this
+
 
 class ControlLoop:
     def __init__(self, state: ClusterState, settings: Settings, actions: Actions) -> None:
@@ -58,18 +71,19 @@ class ControlLoop:
         pending jobs, periodic checkpoints and rebalancing."""
         t = time.time()
         nodes = {n.id: n for n in await self.state.nodes()}
-        for job in sorted(await self.state.jobs(), key=lambda j: (-j.priority, j.created)):
+        for listed in sorted(await self.state.jobs(), key=lambda j: (-j.priority, j.created)):
+            job = self.state.find_job(listed.id) or listed  # a gang's transition may have changed it meanwhile
             if job.state in TERMINAL_STATES:
                 continue
             node = nodes.get(job.node) if job.node else None
             if node is not None and node.state == NodeState.LOST and job.state != JobState.PREEMPTED:
-                await self.failover(job, node)
+                await self.lost(job, node)
             elif job.op is not None:
                 continue
             elif job.state == JobState.PENDING and job.node is None:
                 await self.actions.place(job)
             elif job.state == JobState.PREEMPTED and job.parked_by == "capacity":
-                await self.resume_parked(job)
+                await self.unpark(job)
             elif job.state != JobState.RUNNING or node is None:
                 continue
             elif node.state in (NodeState.DRAINING, NodeState.PREEMPTING):
@@ -81,12 +95,39 @@ class ControlLoop:
                 else:  # it does not: from the last checkpoint, as if the node were lost
                     await self.failover(job, node, why=f"GPU fault on {node.id}: {trouble[1]}")
             elif job.next_checkpoint_at and t >= job.next_checkpoint_at:
-                op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args=CheckpointArgs(periodic=True))
-                await self.state.save_op(op)
-                await self.actions.checkpoint(job, op, stop=False)
+                await self.periodic_checkpoint(job, t)
             elif t - self.last_review.get(job.id, 0.0) > self.settings.rebalance_every_s:
                 self.last_review[job.id] = t
                 await self.rebalance(job, node)
+
+    async def lost(self, job: Job, node: Node) -> None:
+        if job.gang:
+            await self.actions.gang_failover(job.gang, node)
+        else:
+            await self.failover(job, node)
+
+    async def unpark(self, job: Job) -> None:
+        if job.gang:
+            await self.actions.gang_resume(job.gang)
+        else:
+            await self.resume_parked(job)
+
+    async def periodic_checkpoint(self, job: Job, t: float) -> None:
+        """A job's checkpoint is due; a gang member's: the whole gang's group checkpoint. A gang
+        that cannot be checkpointed now (a member starting or busy) is tried again a little later."""
+        if not job.gang:
+            op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=job.id, args=CheckpointArgs(periodic=True))
+            await self.state.save_op(op)
+            await self.actions.checkpoint(job, op, stop=False)
+            return
+        gang = job.gang
+        try:
+            await self.actions.gang_checkpoint(gang, Op(id=new_id("op"), kind=OpKind.CHECKPOINT), stop=False,
+                                               periodic=True)
+        except ConflictError as exc:
+            job.next_checkpoint_at = t + min(job.checkpoint_every_s, GANG_RETRY_S)
+            job.reason = f"periodic group checkpoint of gang {gang} postponed: {exc}"
+            await self.state.save_job(job)
 
     async def failover(self, job: Job, node: Node, why: str = "") -> None:
         """`node` is gone (or `job`'s GPU there): bring `job` back elsewhere from its last
@@ -129,6 +170,14 @@ class ControlLoop:
         where, chosen = found
         for victim in chosen:
             if victim.op is not None:
+                continue
+            if victim.gang:  # a gang is parked whole, with one group checkpoint
+                why = f"parked to make room for {job.name} (priority {job.priority})"
+                try:
+                    await self.actions.gang_checkpoint(victim.gang, Op(id=new_id("op"), kind=OpKind.CHECKPOINT),
+                                                       stop=True, reason=why, parked_by="capacity")
+                except ConflictError:
+                    continue  # busy now: the next tick finds it again
                 continue
             op = Op(id=new_id("op"), kind=OpKind.CHECKPOINT, job=victim.id,
                     args=CheckpointArgs(parked_by="user" if victim.supervised_elsewhere else "capacity",

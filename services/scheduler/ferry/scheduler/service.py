@@ -20,7 +20,7 @@ from opentelemetry import trace
 from ferry.common import wire
 from ferry.common.errors import AlreadyExistsError, ConflictError, FerryError, UsageError, kind_of
 from ferry.common.jobnet import allocate
-from ferry.common.models import CheckpointRecord, Event, Job, JobState, Network, Node, Op, OpKind, now
+from ferry.common.models import CheckpointRecord, Event, Job, JobState, Network, Node, Op, OpKind, new_id, now
 from ferry.common.opargs import (
     CheckpointArgs,
     ColdMove,
@@ -249,7 +249,7 @@ class Scheduler(Service):
         return [j for j in (self.state.find_job(i) for i in ids) if j is not None]
 
     async def gang_checkpoint(self, name: str, op: Op, *, stop: bool, periodic: bool = False,
-                              reason: str | None = None) -> None:
+                              reason: str | None = None, parked_by: str = "user") -> None:
         if isinstance(op.args, GangCheckpointArgs):  # a redelivery of one this scheduler began
             await self.effects.apply(gang.resend(self.gang_of(op), op))
             return
@@ -257,7 +257,7 @@ class Scheduler(Service):
         gangs.gang_checkpointable(name, members)
         fault = take_live_fault(self.settings.data_dir, ("round",)) is not None
         await self.effects.apply(gang.begin_checkpoint(name, members, op, stop=stop, now=now(), periodic=periodic,
-                                                       reason=reason, fault=fault))
+                                                       reason=reason, parked_by=parked_by, fault=fault))
 
     async def gang_restore(self, name: str, op: Op, *, nodes: list[str], allow_colocate: bool,
                            failover: str | None = None) -> None:
@@ -282,6 +282,48 @@ class Scheduler(Service):
             taken.append(target)
             job.gpu_uuids = probe.gpu_uuids
         await self.effects.apply(gang.begin_restore(name, members, op, group, targets, failover=failover))
+
+    async def gang_failover(self, name: str, lost: Node, why: str = "") -> None:
+        """A member's node is lost: the whole gang back from its newest group checkpoint
+        (``gang.failover``), on a node each (sharing nodes only when there are too few)."""
+        members = [j for j in await self.state.jobs() if j.gang == name and not j.terminal]
+        groups = await self.state.bus.gangs.values(prefix=f"{wire.token(name)}.")
+        group = gangs.newest_group(groups, members)
+        targets = await self.gang_targets(members, {lost.id}) if group is not None else None
+        ops = {j.op for j in members if j.op}
+        in_flight = [op for op in [await self.state.op(i) for i in ops] if op is not None and not op.finished]
+        op = Op(id=new_id("op"), kind=OpKind.RESTORE)
+        for extra in in_flight[1:]:
+            await self.state.finish_op(extra.id, error=f"node {lost.id} was lost during the operation")
+        step = gang.failover(name, members, in_flight[0] if in_flight else None, op, lost.id, group, targets, now())
+        log.warning("gang %s: node %s lost%s; %s", name, lost.id, f" ({why})" if why else "",
+                    f"restoring group {group.id}" if group and targets else "no group checkpoint or no room")
+        await self.effects.apply(step)
+
+    async def gang_resume(self, name: str) -> None:
+        """A gang parked for capacity comes back whole once every member fits somewhere."""
+        members = [j for j in await self.state.jobs() if j.gang == name and not j.terminal]
+        if not members or any(j.state != JobState.PREEMPTED or j.parked_by != "capacity" or j.op for j in members):
+            return
+        group = gangs.newest_group(await self.state.bus.gangs.values(prefix=f"{wire.token(name)}."), members)
+        targets = await self.gang_targets(members, set()) if group is not None else None
+        if group is None or targets is None:
+            return
+        op = Op(id=new_id("op"), kind=OpKind.RESTORE)
+        await self.effects.apply(gang.begin_restore(name, members, op, group, targets))
+
+    async def gang_targets(self, members: list[Job], exclude: set[str]) -> dict[str, str] | None:
+        """A node for each member, each its own while there are enough; None when one fits nowhere."""
+        targets: dict[str, str] = {}
+        for job in members:
+            probe = job.model_copy(update={"state": JobState.PREEMPTED, "node": None})
+            target, _ = await self.pick_node_excluding(probe, exclude | set(targets.values()))
+            if target is None:
+                target, _ = await self.pick_node_excluding(probe, exclude)
+            if target is None:
+                return None
+            targets[job.id] = target
+        return targets
 
     async def _gang_target(self, job: Job, exclude: set[str] | None, failover: str | None) -> str:
         """A node for one member of a gang restore, not one in `exclude` (where other members go)."""
@@ -309,7 +351,7 @@ class Scheduler(Service):
 
     async def on_gang_event(self, job: Job, ev: wire.NodeEvent) -> None:
         op = await self.state.op(ev.op) if ev.op else None
-        if op is None or not isinstance(op.args, GangCheckpointArgs):
+        if op is None or not isinstance(op.args, GangCheckpointArgs | GangRestoreArgs):
             return
         members, t = self.gang_of(op), now()
         if ev.kind == "gang_locked":
@@ -441,6 +483,9 @@ class Scheduler(Service):
                 if ev.checkpoint is not None and ev.kind.startswith("checkpoint"):
                     await self.on_checkpoint(job, ev)
                     return
+                if ev.kind.startswith("gang_"):  # keyed by the op: a failover's survivors end as older incarnations
+                    await self.on_gang_event(job, ev)
+                    return
                 if ev.incarnation != job.incarnation:
                     log.info("ignoring %s of %s from stale incarnation %s (now %s)", ev.kind, job.name,
                              ev.incarnation, job.incarnation)
@@ -452,9 +497,6 @@ class Scheduler(Service):
                     "restored": self.on_restored,
                     "restore_failed": self.on_restore_failed,
                     "checkpoints_expired": self.on_checkpoints_expired,
-                    "gang_locked": self.on_gang_event,
-                    "gang_lock_failed": self.on_gang_event,
-                    "gang_released": self.on_gang_event,
                 }.get(ev.kind)
                 if handler is not None:
                     await handler(job, ev)

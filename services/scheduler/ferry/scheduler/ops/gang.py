@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ferry.common import wire
 from ferry.common.models import CheckpointRecord, GangCheckpoint, Job, JobState, Op, OpState
 from ferry.common.moves import NodeOptions
-from ferry.common.opargs import GangCheckpointArgs, GangRestoreArgs
+from ferry.common.opargs import GangCheckpointArgs, GangRestoreArgs, Survivor
 from ferry.scheduler.ops.step import Effect, SaveJob, SaveOp, Send, derived_id, ended, next_checkpoint_at
 
 
@@ -75,12 +75,12 @@ def _cmd(kind: wire.NodeCommandKind, op: Op, job: Job, **fields: object) -> wire
 
 
 def begin_checkpoint(gang: str, members: list[Job], op: Op, *, stop: bool, now: float, periodic: bool = False,
-                     reason: str | None = None, fault: bool = False) -> GangStep:
+                     reason: str | None = None, parked_by: str = "user", fault: bool = False) -> GangStep:
     """Locks every member's network (all members already checked: ``gangs.gang_checkpointable``)."""
     s = GangStep.of(members, op)
     op = s.op
     args = GangCheckpointArgs(gang=gang, members=[j.id for j in members], stop=stop, periodic=periodic,
-                              reason=reason, locked_at=now, fault=fault)
+                              reason=reason, parked_by=parked_by, locked_at=now, fault=fault)
     op.args, op.state, op.phase, op.job = args, OpState.RUNNING, "lock", ""
     op.checkpoint = derived_id("gk", op.id)
     s.save_op()
@@ -113,6 +113,11 @@ def resend(members: list[Job], op: Op) -> GangStep:
             _send_dump(s, args)
         elif s.op.phase in ("release", "abort"):
             _send_release(s, args)
+    elif isinstance(args, GangRestoreArgs) and s.op.phase == "stop":
+        for job_id, was in args.stopping.items():
+            if job_id in s.jobs and job_id not in args.released:
+                survivor = s.jobs[job_id].model_copy(update={"incarnation": was.incarnation, "node": was.node})
+                s.send("checkpointer", _cmd("gang_release", s.op, survivor, stop=True))
     elif isinstance(args, GangRestoreArgs):
         for job_id, ckpt in args.members.items():
             if job_id in s.jobs and job_id not in args.restored and job_id not in args.failed:
@@ -177,6 +182,9 @@ def on_released(members: list[Job], op: Op, job_id: str, now: float) -> GangStep
     s = GangStep.of(members, op)
     op = s.op
     args = op.args
+    if isinstance(args, GangRestoreArgs):
+        _survivor_ended(s, args, job_id, now)
+        return s
     if not isinstance(args, GangCheckpointArgs) or op.phase not in ("release", "abort") or job_id in args.released:
         return s
     args.released.append(job_id)
@@ -206,7 +214,7 @@ def _settle(job: Job, op: Op, args: GangCheckpointArgs, now: float) -> None:
     if job.state != JobState.CHECKPOINTING:
         return  # it ended meanwhile: its exit said how
     if op.phase == "release" and args.stop:
-        job.state, job.parked_by = JobState.PREEMPTED, "user"
+        job.state, job.parked_by = JobState.PREEMPTED, args.parked_by
         job.reason = args.reason or f"stopped with gang {args.gang} by `ferry checkpoint --gang {args.gang} --stop`"
     else:
         job.state = JobState.RUNNING
@@ -300,3 +308,74 @@ def _maybe_end_restore(s: GangStep, args: GangRestoreArgs, now: float) -> None:
         s.save_job(job, "preempted", job.reason)
     s.finish(now, error=f"gang {args.gang}: restore from {args.group} failed: {why}; the members that came "
                         f"back were stopped again")
+
+
+# ---- failover ---------------------------------------------------------------------------------
+
+
+def failover(gang: str, members: list[Job], in_flight: Op | None, op: Op, lost: str, group: GangCheckpoint | None,
+             targets: dict[str, str] | None, now: float) -> GangStep:
+    """A member's node was lost: the gang comes back whole from its newest group checkpoint (on
+    `targets`; None: nowhere fits now, so it is parked until capacity is back), or, without one,
+    starts again. The members still running elsewhere are ended first (``stop``), then the
+    restores go out, so that no copy of a member runs beside its restored self."""
+    s = GangStep.of(members, op)
+    op = s.op
+    gone = f"node {lost} was lost during the operation"
+    if in_flight is not None and (old := ended(in_flight, now, error=gone)) is not None:
+        s.effects.append(SaveOp(old))
+    args = GangRestoreArgs(gang=gang, group=group.id if group else "", failover=lost,
+                           members={j.id: group.members[j.id] for j in members} if group else {},
+                           targets=dict(targets or {}), fresh_start=group is None)
+    op.args, op.state, op.phase, op.job, op.checkpoint = args, OpState.RUNNING, "stop", "", args.group or None
+    for job in s.jobs.values():  # end the survivors (at the incarnation they run as)
+        if job.node and job.node != lost and job.state not in (JobState.PREEMPTED, JobState.PENDING, JobState.FAILED):
+            args.stopping[job.id] = Survivor(node=job.node, incarnation=job.incarnation)
+            s.send("checkpointer", _cmd("gang_release", op, job, stop=True, checkpoint=job.last_checkpoint))
+    why = f"gang {gang}: node {lost} was lost"
+    for job in s.jobs.values():
+        job.incarnation += 1  # fences every old copy, the lost node's should it come back
+        job.op, job.moving_to, job.kill_requested = op.id, None, False
+        if group is not None:
+            job.last_checkpoint, job.gang_checkpoint = group.members[job.id], group.id
+        if group is None:
+            job.state, job.node = JobState.PENDING, None
+            job.reason = f"{why}; no group checkpoint: the gang starts again"
+        elif targets is None:
+            job.state, job.parked_by = JobState.PREEMPTED, "capacity"
+            job.reason = f"{why}; waiting for capacity to restore group {group.id}"
+        else:
+            job.state, job.node = JobState.RESTORING, targets[job.id]
+            job.reason = None
+        s.save_job(job, "failover", job.reason or f"{why}; restoring group {group.id if group else '-'} on {job.node}")
+    s.save_op()
+    if not args.stopping:
+        _after_stop(s, args, now)
+    return s
+
+
+def _survivor_ended(s: GangStep, args: GangRestoreArgs, job_id: str, now: float) -> None:
+    if s.op.phase != "stop" or job_id not in args.stopping or job_id in args.released:
+        return
+    args.released.append(job_id)
+    if set(args.released) >= set(args.stopping):
+        _after_stop(s, args, now)
+    else:
+        s.save_op()
+
+
+def _after_stop(s: GangStep, args: GangRestoreArgs, now: float) -> None:
+    """Every survivor has ended: restore the gang, or let it start again, or wait for capacity."""
+    op = s.op
+    if args.fresh_start or not args.targets:
+        for job in s.jobs.values():
+            job.op = None
+            if args.fresh_start:
+                job.node, job.restarts = None, job.restarts + 1
+            s.save_job(job)
+        s.finish(now, error=None if args.fresh_start else f"gang {args.gang}: no room to restore it yet")
+        return
+    op.phase = "restore"
+    s.save_op()
+    for job in s.jobs.values():
+        s.send("migrator", _cmd("restore", op, job, checkpoint=args.members[job.id]))
