@@ -6,12 +6,9 @@ is unbroken only if the connection between them lost or repeated nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.conftest import PY, Cluster, wait_until
-from tests.e2e.test_control import make_cluster
 from tests.e2e.test_errors import one_line_error
 from tests.programs import tcp_answer_server, tcp_counter_client
 
@@ -20,6 +17,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 PORT = 80
 MESSAGES = 1200
 WANT = "".join(f"{n}\n" for n in range(1, MESSAGES + 1))
+
+
+def restored_off(c: Cluster, job: str, node: str) -> None:
+    def done() -> bool:
+        s = c.json("status", job)
+        return bool(s["state"] == "running" and s["restarts"] >= 1 and s["node"] != node)
+    wait_until(done, 120, f"{job} to be restored off {node}")
 
 
 def lines(c: Cluster, job: str) -> int:
@@ -114,20 +118,6 @@ def test_bad_gang_input_is_refused_before_anyone_is_frozen(cluster: Cluster) -> 
         c.ferry("kill", job)
 
 
-THREE = """
-nodes:
-  - {id: n1, cpus: 2}
-  - {id: n2, cpus: 2}
-  - {id: n3, cpus: 2}
-"""
-
-
-@pytest.fixture
-def three_nodes(criu_bin: str) -> Iterator[Cluster]:
-    """Three 2-cpu nodes with fast heartbeats (a lost node is noticed after 3 s)."""
-    yield from make_cluster(THREE)
-
-
 def test_a_gang_whose_node_dies_comes_back_whole_from_its_last_periodic_group_checkpoint(
         three_nodes: Cluster) -> None:
     c = three_nodes
@@ -140,8 +130,7 @@ def test_a_gang_whose_node_dies_comes_back_whole_from_its_last_periodic_group_ch
     wait_until(lambda: c.json("status", "g4-cli")["gang_checkpoint"], 60, "a periodic group checkpoint")
     c.ferry("chaos", "kill-node", "n2")
     for job in ("g4-srv", "g4-cli"):  # the server ran on a live node: it comes back from the group too
-        wait_until(lambda job=job: (s := c.json("status", job))["state"] == "running" and s["restarts"] >= 1
-                   and s["node"] != "n2", 120, f"{job} to be restored off n2")
+        restored_off(c, job, "n2")
     assert c.ferry("wait", "g4-cli", "--timeout", "300").returncode == 0
     assert c.logs("g4-cli") == WANT, "the gang's failover lost or repeated a message"
     assert c.json("status", "g4-cli")["gang_checkpoint"], "restored from a group checkpoint"

@@ -208,8 +208,15 @@ def test_a_gang_restore_restores_each_member_from_its_checkpoint_of_the_group() 
     assert saved_jobs(one)["job-1"].state == JobState.RUNNING and one.op.state == OpState.RUNNING
     ev2 = wire.NodeEvent(kind="restored", node="y", job="job-2", incarnation=3, pid=6)
     two = gang.on_member_restored(jobs, one.op, ev2, NOW)
-    assert last_op(two).state == OpState.DONE and last_op(two).result["nodes"] == {"job-1": "x", "job-2": "y"}
+    assert two.op.phase == "release"  # all back: now every member's port opens
+    assert sends(two) == [("gang_release", "job-1", "checkpointer", False),
+                          ("gang_release", "job-2", "checkpointer", False)]
+    op = gang.on_released(jobs, two.op, "job-1", NOW).op
+    assert op.state == OpState.RUNNING
+    done = last_op(gang.on_released(jobs, op, "job-2", NOW))
+    assert done.state == OpState.DONE and done.result["nodes"] == {"job-1": "x", "job-2": "y"}
     assert isinstance(s.op.args, GangRestoreArgs)
+    assert all(e.cmd.hold for e in s.effects if isinstance(e, Send))  # restored with their ports blocked
 
 
 def test_a_member_that_fails_to_restore_stops_the_ones_that_came_back() -> None:
@@ -224,3 +231,39 @@ def test_a_member_that_fails_to_restore_stops_the_ones_that_came_back() -> None:
     assert saved_jobs(end)["job-1"].state == JobState.PREEMPTED
     failed = last_op(end)
     assert failed.state == OpState.FAILED and "member m2: no room" in (failed.error or "")
+
+
+# ---- failover -----------------------------------------------------------------------------------
+
+def test_a_lost_members_gang_ends_its_survivors_before_anyone_is_restored() -> None:
+    jobs = [member(1, node="a"), member(2, node="b", state=JobState.FAILED, exit_code=1), member(3, node="c")]
+    grp = GangCheckpoint(id="gk-1", gang="g", members={"job-1": "c1", "job-2": "c2", "job-3": "c3"})
+    in_flight = Op(id="op-old", kind=OpKind.CHECKPOINT, state=OpState.RUNNING)
+    s = gang.failover("g", jobs, in_flight, Op(id="op-f", kind=OpKind.RESTORE), "c", grp,
+                      {"job-1": "a", "job-2": "b", "job-3": "a"}, NOW)
+    ended = [e.op for e in s.effects if isinstance(e, SaveOp) and e.op.id == "op-old"]
+    assert ended and ended[0].state == OpState.FAILED and "node c was lost" in (ended[0].error or "")
+    assert sends(s) == [("gang_release", "job-1", "checkpointer", True)]  # the only one still running
+    stop_cmd = next(e.cmd for e in s.effects if isinstance(e, Send))
+    assert stop_cmd.incarnation == 2 and stop_cmd.job.node == "a"  # as the survivor ran, not as it will
+    saved = saved_jobs(s)
+    assert all(j.incarnation == 3 and j.state == JobState.RESTORING for j in saved.values())
+    assert saved["job-2"].exit_code is None  # it failed because its peer was lost: it comes back too
+    assert s.op.phase == "stop"
+    after = gang.on_released(list(saved.values()), s.op, "job-1", NOW)
+    assert after.op.phase == "restore"
+    assert [(k, j) for k, j, _, _ in sends(after)] == [("restore", "job-1"), ("restore", "job-2"), ("restore", "job-3")]
+    again = gang.resend(list(saved.values()), s.op)  # a restarted scheduler ends the survivor as it ran
+    assert [(e.cmd.job.node, e.cmd.incarnation) for e in again.effects if isinstance(e, Send)] == [("a", 2)]
+
+
+def test_a_gang_without_a_group_checkpoint_starts_again_and_one_without_room_waits() -> None:
+    jobs = [member(1, node="a"), member(2, node="c")]
+    fresh = gang.failover("g", jobs, None, Op(id="op-f", kind=OpKind.RESTORE), "c", None, None, NOW)
+    assert sends(fresh) == [("gang_release", "job-1", "checkpointer", True)]
+    done = gang.on_released(list(fresh.jobs.values()), fresh.op, "job-1", NOW)
+    assert all(j.state == JobState.PENDING and j.node is None and j.op is None for j in saved_jobs(done).values())
+    parked = gang.failover("g", [member(2, node="c")], None, Op(id="op-p", kind=OpKind.RESTORE), "c",
+                           GangCheckpoint(id="gk-1", gang="g", members={"job-2": "c2"}), None, NOW)
+    assert sends(parked) == [] and saved_jobs(parked)["job-2"].state == JobState.PREEMPTED
+    assert saved_jobs(parked)["job-2"].parked_by == "capacity" and last_op(parked).state == OpState.FAILED

@@ -228,7 +228,8 @@ def _gang_done(args: argparse.Namespace, final: pb.OpUpdate) -> int:
     if _json(args):
         print_json({"op": final.op, "total_ms": final.total_ms, **result})
     elif "nodes" in result:
-        where = ", ".join(f"{job} on {node}" for job, node in sorted(result["nodes"].items()))
+        names = result.get("names", {})
+        where = ", ".join(sorted(f"{names.get(job, job)} on {node}" for job, node in result["nodes"].items()))
         print(f"gang {args.gang} restored from {result.get('group')} in {final.total_ms / 1000:.1f}s: {where}")
     else:
         print(f"gang {args.gang}: group checkpoint {result.get('group')} of {len(result.get('members', {}))} "

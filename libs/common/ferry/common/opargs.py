@@ -128,6 +128,7 @@ class GangRestoreArgs(Record):
     members: dict[str, str] = Field(default_factory=dict)  # job id -> its checkpoint in the group
     targets: dict[str, str] = Field(default_factory=dict)  # job id -> node
     restored: list[str] = Field(default_factory=list)
+    unblocked: list[str] = Field(default_factory=list)  # restored members whose ports are open again
     failed: dict[str, str] = Field(default_factory=dict)  # job id -> why its restore failed
     failover: str | None = None  # the lost node, when a failover started it
     stopping: dict[str, "Survivor"] = Field(default_factory=dict)  # a failover's survivors: ended first

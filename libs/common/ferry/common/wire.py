@@ -177,6 +177,7 @@ class NodeCommand(Record):
     checkpoint: str | None = None
     parent: str | None = None
     stop: bool = False
+    hold: bool = False  # with `stop`: the dumped tree stays stopped after the commit (a gang's release ends it)
     grace_s: float = 5.0
     options: NodeOptions = Field(default_factory=NodeOptions)  # CRIU options, an armed fault
     pages: PageSource | None = None  # live_restore: where the frozen source serves the memory

@@ -11,6 +11,7 @@ node's namespace (``enter``), so the node's end lands on that node's bridge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ferry.common.jobnet import BRIDGE, JOB_IF
 from ferry.criu import netcmd
@@ -76,6 +77,18 @@ class HostEnd:
         except OSError as exc:
             if "Cannot find device" not in str(exc):
                 raise
+
+
+def blocked_restore_args(host_if: str, script: Path) -> tuple[str, ...]:
+    """CRIU options that leave the restored job's bridge port blocked (``HostEnd.block``) when its
+    tasks resume: a gang's member stays cut off until every member is back. The block is set by an
+    action script at ``post-restore``, which CRIU runs (in the node's namespace, where it made the
+    node's end) before it lets the tasks run."""
+    script.write_text("#!/bin/sh\n"
+                      "[ \"$CRTOOLS_SCRIPT_ACTION\" = post-restore ] || exit 0\n"
+                      f"exec ip link set dev {host_if} type bridge_slave state 0\n")
+    script.chmod(0o700)
+    return ("--action-script", str(script))
 
 
 def restore_args(host_if: str) -> tuple[str, ...]:

@@ -21,17 +21,18 @@ import ipaddress
 import json
 import logging
 import socket
+from pathlib import Path
 
 import psutil
 
 from ferry.common.jobnet import BRIDGE, GATEWAY_MAC, check_range, gateway, host_if, overlapping
 from ferry.common.models import Job, Network
 from ferry.criu import netcmd
-from ferry.criu.veth import HostEnd, JobLink, restore_args
+from ferry.criu.veth import HostEnd, JobLink, blocked_restore_args, restore_args
 from ferry.policy.netplan import NetState
 
-__all__ = ["ROUTE_PROTO", "TABLE", "NodeNetwork", "drop_stale_link", "host_end", "job_link", "port_taken",
-           "restore_options"]
+__all__ = ["GANG_LOCK_MARKER", "ROUTE_PROTO", "TABLE", "NodeNetwork", "drop_stale_link", "host_end", "job_link",
+           "port_taken", "restore_options"]
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +78,21 @@ def drop_stale_link(job: Job, node_netns: str) -> None:
         end.delete()
 
 
-def restore_options(job: Job, node_netns: str) -> tuple[tuple[str, ...], str | None]:
-    """CRIU's extra restore options and the namespace it runs in, for ``job`` on this node."""
+GANG_LOCK_MARKER = "gang-lock"
+"""In a job's folder while a gang op keeps the job's bridge port blocked: names the op, so that a
+restarted checkpointer unblocks a port whose op has ended."""
+
+
+def restore_options(job: Job, node_netns: str, *, blocked_in: Path | None = None) -> tuple[tuple[str, ...], str | None]:
+    """CRIU's extra restore options and the namespace it runs in, for ``job`` on this node.
+    `blocked_in`: the job's folder, where a gang member restored with its port blocked keeps the
+    action script that blocks it."""
     if job.network != Network.BRIDGE:
         return (), None
-    return restore_args(host_if(job.id)), node_netns or None
+    args = restore_args(host_if(job.id))
+    if blocked_in is not None:
+        args = (*args, *blocked_restore_args(host_if(job.id), blocked_in / "block-port.sh"))
+    return args, node_netns or None
 
 
 class CommandFailed(OSError):

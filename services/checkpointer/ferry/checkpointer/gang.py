@@ -17,11 +17,11 @@ from ferry.common.bus import Bus
 from ferry.common.config import Settings
 from ferry.common.models import Job
 from ferry.criu.jobdir import JobDir
-from ferry.node.bridge import host_end
+from ferry.node.bridge import GANG_LOCK_MARKER, host_end
 from ferry.node.procs import alive, signal_tree
 
 log = logging.getLogger(__name__)
-LOCK_MARKER = "gang-lock"
+LOCK_MARKER = GANG_LOCK_MARKER
 
 
 class Host(Protocol):
@@ -56,7 +56,7 @@ class GangMember:
         if error:
             log.warning("gang lock of %s refused: %s", job.name, error)
         await self.report(wire.NodeEvent(kind=kind, node=self.node_id, job=job.id, incarnation=cmd.incarnation,
-                                         op=cmd.op, error=error, id=f"{kind}-{job.id}-{cmd.op}"))
+                                         op=cmd.op, error=error, id=f"{kind}-{job.id}-{cmd.op}-{cmd.incarnation}"))
 
     async def gang_release(self: Host, cmd: wire.NodeCommand) -> None:
         """Unlocks the member; with ``stop``, ends it instead (the group committed its final
@@ -73,14 +73,17 @@ class GangMember:
                     if end is not None:
                         await asyncio.to_thread(end.delete)
                     signal_tree(shim.pid, signal.SIGKILL)
-                elif end is not None:
-                    await asyncio.to_thread(end.block, False)
+                else:  # a member dumped for a `--stop` that was undone waits stopped: it runs on
+                    if end is not None:
+                        await asyncio.to_thread(end.block, False)
+                    signal_tree(shim.pid, signal.SIGCONT)
+                    (jd.path / f"stop-{cmd.incarnation}").unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("gang release of %s: %s", job.name, exc)
         (jd.path / LOCK_MARKER).unlink(missing_ok=True)
         await self.report(wire.NodeEvent(kind="gang_released", node=self.node_id, job=job.id,
                                          incarnation=cmd.incarnation, op=cmd.op,
-                                         id=f"gang_released-{job.id}-{cmd.op}"))
+                                         id=f"gang_released-{job.id}-{cmd.op}-{cmd.incarnation}"))
 
     async def recover_gang_locks(self: Host, jobs: list[JobDir], known: dict[str, Job]) -> None:
         """After a restart: a member locked for an op that has ended since (or is gone) is unlocked."""

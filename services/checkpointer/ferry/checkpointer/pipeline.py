@@ -319,7 +319,7 @@ class CheckpointPipeline:
         record.bytes_logical = result.bytes_logical
         record.bytes_stored = result.bytes_stored
         record.bytes_uploaded = result.bytes_uploaded
-        if cmd.stop:
+        if cmd.stop and not cmd.hold:  # held: a gang member waits, stopped, for its group (gang_release)
             signal_tree(pid, signal.SIGKILL)
 
 

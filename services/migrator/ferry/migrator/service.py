@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ferry.common import wire
 from ferry.common.errors import FerryError
+from ferry.common.models import Network
 from ferry.common.service import service_main
 from ferry.common.tracing import tracer
 from ferry.criu.container import rebuild_bundle, work_dir_of
@@ -26,7 +27,7 @@ from ferry.gpu.errors import GpuError
 from ferry.gpu.models import GpuInfo, GpuSnapshot
 from ferry.migrator.live import LiveTarget
 from ferry.node.base import LOGS_DIR, META_FILE, NODE_ACK_WAIT_S, NodeService
-from ferry.node.bridge import drop_stale_link, restore_options
+from ferry.node.bridge import GANG_LOCK_MARKER, drop_stale_link, restore_options
 from ferry.node.procs import alive, wait_for_restores_of
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
 
@@ -90,7 +91,12 @@ class Migrator(LiveTarget, NodeService):
                 shutil.copyfile(images / LOGS_DIR / name, jd.path / name)
             if job.container:  # its bundle as it was at the checkpoint, writable layer included
                 await asyncio.to_thread(rebuild_bundle, jd, images)
-            net_args, node_netns = restore_options(job, self.settings.node_netns)
+            # a gang member comes back with its port blocked until every member is back (gang_release)
+            held = cmd.hold and job.network == Network.BRIDGE
+            if held:
+                (jd.path / GANG_LOCK_MARKER).write_text(cmd.op or "")
+            net_args, node_netns = restore_options(job, self.settings.node_netns,
+                                                   blocked_in=jd.path if held else None)
             await asyncio.to_thread(drop_stale_link, job, self.settings.node_netns)
             with _tracer.start_as_current_span("criu.restore"):
                 info = await restore(jd, images, inherit={"stdout": meta["stdout_path"], "stderr": meta["stderr_path"]},

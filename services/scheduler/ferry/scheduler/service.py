@@ -286,7 +286,8 @@ class Scheduler(Service):
     async def gang_failover(self, name: str, lost: Node, why: str = "") -> None:
         """A member's node is lost: the whole gang back from its newest group checkpoint
         (``gang.failover``), on a node each (sharing nodes only when there are too few)."""
-        members = [j for j in await self.state.jobs() if j.gang == name and not j.terminal]
+        # a member that failed meanwhile (it lost its peer on the lost node) comes back with the gang
+        members = gangs.gang_members(await self.state.jobs(), name)
         groups = await self.state.bus.gangs.values(prefix=f"{wire.token(name)}.")
         group = gangs.newest_group(groups, members)
         targets = await self.gang_targets(members, {lost.id}) if group is not None else None

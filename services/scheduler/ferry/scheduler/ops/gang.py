@@ -4,7 +4,8 @@
 Group checkpoint (``GangCheckpointArgs``)::
 
     [lock]     every member's checkpointer blocks the member's bridge port (``gang_locked``)
-    [dump]     once all are locked: every member dumps in parallel, leave-running (``checkpoint``)
+    [dump]     once all are locked: every member dumps in parallel, running on (``--stop``: left
+               stopped, so that nothing it writes after its dump changes the files it holds)
     [release]  once all committed: the group record is written (the commit point), then every member
                is unlocked, or ended for `--stop` (``gang_released``); the op ends when all are
     [abort]    a member that could not be locked or dumped: everyone is unlocked, nothing is committed
@@ -96,8 +97,9 @@ def _send_dump(s: GangStep, args: GangCheckpointArgs) -> None:
     for i, job_id in enumerate(args.members):
         job = s.jobs[job_id]
         fail = args.fault and i == len(args.members) - 1
+        # `--stop`: each member stays stopped from its dump on (its files as dumped) until the group commits
         s.send("checkpointer", _cmd("checkpoint", s.op, job, checkpoint=member_checkpoint(s.op.id, i),
-                                    parent=job.last_checkpoint, stop=False,
+                                    parent=job.last_checkpoint, stop=args.stop, hold=args.stop,
                                     options=NodeOptions(fail="round" if fail else None)))
 
 
@@ -118,10 +120,10 @@ def resend(members: list[Job], op: Op) -> GangStep:
             if job_id in s.jobs and job_id not in args.released:
                 survivor = s.jobs[job_id].model_copy(update={"incarnation": was.incarnation, "node": was.node})
                 s.send("checkpointer", _cmd("gang_release", s.op, survivor, stop=True))
-    elif isinstance(args, GangRestoreArgs):
-        for job_id, ckpt in args.members.items():
-            if job_id in s.jobs and job_id not in args.restored and job_id not in args.failed:
-                s.send("migrator", _cmd("restore", s.op, s.jobs[job_id], checkpoint=ckpt))
+    elif isinstance(args, GangRestoreArgs) and s.op.phase == "restore":
+        _send_restores(s, args)
+    elif isinstance(args, GangRestoreArgs) and s.op.phase == "release":
+        _release_restored(s, args)
     return s
 
 
@@ -255,9 +257,15 @@ def begin_restore(gang: str, members: list[Job], op: Op, group: GangCheckpoint, 
         job.kill_requested, job.exit_code, job.moving_to = False, None, None
         job.last_checkpoint, job.gang_checkpoint = args.members[job.id], group.id
         s.save_job(job, "restoring", f"gang {gang}: from {job.last_checkpoint} (group {group.id}) on {job.node}")
-    for job in s.jobs.values():
-        s.send("migrator", _cmd("restore", op, job, checkpoint=args.members[job.id]))
+    _send_restores(s, args)
     return s
+
+
+def _send_restores(s: GangStep, args: GangRestoreArgs) -> None:
+    """Each member restored with its port blocked, until every member is back (``_maybe_end_restore``)."""
+    for job_id, ckpt in args.members.items():
+        if job_id in s.jobs and job_id not in args.restored and job_id not in args.failed:
+            s.send("migrator", _cmd("restore", s.op, s.jobs[job_id], checkpoint=ckpt, hold=True))
 
 
 def on_member_restored(members: list[Job], op: Op, ev: wire.NodeEvent, now: float) -> GangStep:
@@ -295,8 +303,10 @@ def _maybe_end_restore(s: GangStep, args: GangRestoreArgs, now: float) -> None:
     if set(args.restored) | set(args.failed) < set(args.members):
         s.save_op()
         return
-    if not args.failed:
-        s.finish(now, result={"gang": args.gang, "group": args.group, "nodes": dict(args.targets)})
+    if not args.failed:  # every member is back: they may all talk now
+        s.op.phase = "release"
+        s.save_op()
+        _release_restored(s, args)
         return
     # a gang runs whole or not at all: the members that came back end again (their checkpoints stay)
     why = "; ".join(f"member {s.jobs[j].name}: {e}" for j, e in args.failed.items() if j in s.jobs)
@@ -336,6 +346,7 @@ def failover(gang: str, members: list[Job], in_flight: Op | None, op: Op, lost: 
     for job in s.jobs.values():
         job.incarnation += 1  # fences every old copy, the lost node's should it come back
         job.op, job.moving_to, job.kill_requested = op.id, None, False
+        job.exit_code, job.error = None, None
         if group is not None:
             job.last_checkpoint, job.gang_checkpoint = group.members[job.id], group.id
         if group is None:
@@ -354,7 +365,21 @@ def failover(gang: str, members: list[Job], in_flight: Op | None, op: Op, lost: 
     return s
 
 
+def _release_restored(s: GangStep, args: GangRestoreArgs) -> None:
+    for job_id in args.restored:
+        if job_id in s.jobs and job_id not in args.unblocked:
+            s.send("checkpointer", _cmd("gang_release", s.op, s.jobs[job_id]))
+
+
 def _survivor_ended(s: GangStep, args: GangRestoreArgs, job_id: str, now: float) -> None:
+    if s.op.phase == "release" and job_id in args.restored and job_id not in args.unblocked:
+        args.unblocked.append(job_id)
+        if set(args.unblocked) >= set(args.members):
+            s.finish(now, result={"gang": args.gang, "group": args.group, "nodes": dict(args.targets),
+                                  "names": {j: s.jobs[j].name for j in args.members if j in s.jobs}})
+        else:
+            s.save_op()
+        return
     if s.op.phase != "stop" or job_id not in args.stopping or job_id in args.released:
         return
     args.released.append(job_id)
@@ -377,5 +402,4 @@ def _after_stop(s: GangStep, args: GangRestoreArgs, now: float) -> None:
         return
     op.phase = "restore"
     s.save_op()
-    for job in s.jobs.values():
-        s.send("migrator", _cmd("restore", op, job, checkpoint=args.members[job.id]))
+    _send_restores(s, args)
