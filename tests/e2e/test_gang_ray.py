@@ -88,6 +88,10 @@ def counts_past(c: Cluster, more: int) -> None:
     wait_until(lambda: len(rows(c)) >= start + more, 180, f"the driver to count {more} more")
 
 
+def joined(c: Cluster, n: int) -> None:
+    wait_until(lambda: f"nodes {n}\n" in c.logs("rg-head"), 240, f"Ray node {n} to join")
+
+
 def where(c: Cluster) -> dict[str, str]:
     return {job: c.json("status", job)["node"] for job in ("rg-head", "rg-w1", "rg-w2")}
 
@@ -106,7 +110,7 @@ def test_a_ray_cluster_gang_moves_a_worker_live_restores_whole_and_survives_a_wo
         c.json("run", "--name", f"rg-{worker}", "--gang", "rg", "--node", node, "--", "env", f"RAY={RAY_BIN}",
                "bash", "-c", WORKER, f"rg-{worker}", head, worker)
         # one Ray node joining at a time: two raylets starting at once on 2 cores time out
-        wait_until(lambda n=n: f"nodes {n}\n" in c.logs("rg-head"), 240, f"Ray node {n} to join")
+        joined(c, n)
     wait_until(lambda: len(rows(c)) >= 10, 300, "the driver to start counting on both workers")
 
     # (b) a worker moves live while the driver keeps calling it; the rest runs on
