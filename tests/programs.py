@@ -94,3 +94,34 @@ while n < {messages}:
     print(n, flush=True)
     time.sleep(0.02)
 """
+
+
+def ddp_train(steps: int, sleep: float) -> str:
+    """A small deterministic data-parallel training loop for `torchrun` (gloo, CPU): each rank
+    trains on its own shard, gradients are averaged over TCP every step, rank 0 prints
+    "<step> <loss>" with every digit of the loss. The same ranks give the same lines, however the
+    ranks are spread over nodes, so a run moved midway can be compared with one that never stopped."""
+    return f"""
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+gen = torch.Generator().manual_seed(1 + rank)
+inputs, labels = torch.randn(1024, 64, generator=gen), torch.randint(0, 4, (1024,), generator=gen)
+for step in range(1, {steps} + 1):
+    idx = torch.randint(0, 1024, (64,), generator=gen)
+    loss = torch.nn.functional.cross_entropy(model(inputs[idx]), labels[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    if rank == 0:
+        print(step, repr((mean / world).item()), flush=True)
+    time.sleep({sleep})
+dist.destroy_process_group()
+"""

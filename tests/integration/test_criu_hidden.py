@@ -2,8 +2,9 @@
 that would undo that, at launch and after a dump and restore (issue 11: workloads run as root).
 
 The shim mounts an empty read-only tmpfs over each folder it is told to hide, gives the job a
-/dev of its own without block devices, and drops CAP_SYS_ADMIN and its like from the job's
-bounding set; CRIU dumps and restores all three with the job."""
+/dev of its own without block devices, drops CAP_SYS_ADMIN and its like from the job's bounding
+set, and refuses io_uring (a seccomp filter; CRIU cannot dump a ring); CRIU dumps and restores
+all four with the job."""
 
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ while True:
         got = type(exc).__name__
     rc = libc.umount2(hidden.encode(), 2)
     caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapBnd")][0]
+    umount = rc if rc == 0 else os.strerror(ctypes.get_errno())
+    ring = libc.syscall(425, 8, ctypes.create_string_buffer(120))  # io_uring_setup
     print(json.dumps({"secret": got, "dev": sorted(os.listdir("/dev")), "capbnd": int(caps, 16),
-                      "umount": rc if rc == 0 else os.strerror(ctypes.get_errno())}), flush=True)
+                      "umount": umount, "io_uring": ring if ring >= 0 else os.strerror(ctypes.get_errno())}),
+          flush=True)
     time.sleep(0.05)
 """
 
@@ -52,6 +56,7 @@ def assert_shut_out(seen: list[dict[str, Any]]) -> None:
     for probe in seen:
         assert probe["secret"] in ("PermissionError", "FileNotFoundError"), probe
         assert probe["umount"] == "Operation not permitted", probe
+        assert probe["io_uring"] == "Function not implemented", probe  # CRIU could not dump a ring
         assert not probe["capbnd"] & sum(1 << n for n in DROPPED_CAPABILITIES.values()), hex(probe["capbnd"])
         assert probe["capbnd"] & (1 << 1), "CAP_DAC_OVERRIDE, which root jobs expect, was dropped too"
         assert set(DEVICES) <= set(probe["dev"]), probe["dev"]

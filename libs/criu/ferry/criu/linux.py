@@ -30,6 +30,7 @@ __all__ = [
     "ns_pids",
     "private_dev",
     "process_tree",
+    "refuse_io_uring",
     "reset_signals",
     "set_child_subreaper",
     "setns",
@@ -169,6 +170,42 @@ def private_dev(staging: str) -> None:
         os.symlink(target, os.path.join(staging, name))
     _detach_at_and_below("/dev")
     _mount(staging, "/dev", None, MS_MOVE)
+
+
+IO_URING_SYSCALLS = (425, 426, 427)  # io_uring_setup, _enter, _register: the same number on every arch
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def io_uring_filter() -> list[tuple[int, int, int, int]]:
+    """The seccomp program of ``refuse_io_uring``, as (code, jt, jf, k): the syscall number, then
+    ENOSYS for each io_uring call, else allow."""
+    n = len(IO_URING_SYSCALLS)
+    prog = [(_BPF_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
+    prog += [(_BPF_JEQ_K, n - i, 0, nr) for i, nr in enumerate(IO_URING_SYSCALLS)]
+    return [*prog, (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
+
+
+def refuse_io_uring() -> None:
+    """A seccomp filter under which io_uring's system calls fail with ENOSYS, as on a kernel
+    without io_uring: libraries that try it (libuv, in Node.js, torch's TCPStore, Ray) fall back
+    to epoll. CRIU cannot dump an io_uring instance, so a job holding one could never be
+    checkpointed; CRIU dumps and restores the filter itself with the job. Installed while the
+    caller still has CAP_SYS_ADMIN (no no_new_privs needed), inherited by everything it execs."""
+    prog = io_uring_filter()
+    array = (_SockFilter * len(prog))(*(_SockFilter(*ins) for ins in prog))
+    fprog = _SockFprog(len(prog), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
+    _check(_libc().prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
+                         ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl(PR_SET_SECCOMP)")
 
 
 def drop_capabilities(numbers: Sequence[int] = tuple(DROPPED_CAPABILITIES.values())) -> None:

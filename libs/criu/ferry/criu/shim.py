@@ -60,6 +60,7 @@ from ferry.criu.linux import (
     isolate_network,
     mount_own_proc,
     private_dev,
+    refuse_io_uring,
     reset_signals,
     set_child_subreaper,
     setns,
@@ -382,6 +383,8 @@ def _exec_workload(plan: LaunchPlan, errpipe: int, linked: tuple[int, int] | Non
             os.close(fd)
         step = "hide the node's folders"
         hide_dirs(plan.hide)
+        step = "refuse io_uring"  # CRIU cannot dump it: libraries fall back to epoll
+        refuse_io_uring()
         step = "drop capabilities"
         drop_capabilities()
         step = f"chdir to {plan.cwd}"
