@@ -15,8 +15,10 @@ from tests.programs import tcp_answer_server, tcp_counter_client
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
 PORT = 80
-MESSAGES = 1200
+MESSAGES = 1000
 WANT = "".join(f"{n}\n" for n in range(1, MESSAGES + 1))
+LONG = 2000  # the failover test's client: long enough for a failover and then a spot notice
+WANT_LONG = "".join(f"{n}\n" for n in range(1, LONG + 1))
 
 
 def restored_off(c: Cluster, job: str, node: str) -> None:
@@ -118,20 +120,24 @@ def test_bad_gang_input_is_refused_before_anyone_is_frozen(cluster: Cluster) -> 
         c.ferry("kill", job)
 
 
-def test_a_gang_whose_node_dies_comes_back_whole_from_its_last_periodic_group_checkpoint(
+def test_a_gang_whose_node_dies_comes_back_whole_then_a_member_leaves_a_noticed_node_alone(
         three_nodes: Cluster) -> None:
     c = three_nodes
     c.json("run", "--name", "g4-srv", "--gang", "g4", "--node", "n1", "--checkpoint-every", "3s", "--", PY, "-c",
            tcp_answer_server(PORT))
     address = c.json("status", "g4-srv")["address"]
     c.json("run", "--name", "g4-cli", "--gang", "g4", "--node", "n2", "--checkpoint-every", "3s", "--", PY, "-c",
-           tcp_counter_client(address, PORT, MESSAGES))
+           tcp_counter_client(address, PORT, LONG))
     c.wait_lines("g4-cli", 50)
     wait_until(lambda: c.json("status", "g4-cli")["gang_checkpoint"], 60, "a periodic group checkpoint")
     c.ferry("chaos", "kill-node", "n2")
     for job in ("g4-srv", "g4-cli"):  # the server ran on a live node: it comes back from the group too
         restored_off(c, job, "n2")
+    # a spot notice on the server's node: that member alone moves, with its address and connection
+    where = c.json("status", "g4-srv")["node"]
+    c.json("chaos", "spot-notice", where, "--in", "60s")
+    wait_until(lambda: c.json("status", "g4-srv")["node"] != where, 120, "the server to leave the noticed node")
     assert c.ferry("wait", "g4-cli", "--timeout", "300").returncode == 0
-    assert c.logs("g4-cli") == WANT, "the gang's failover lost or repeated a message"
+    assert c.logs("g4-cli") == WANT_LONG, "the gang's failover or the move lost or repeated a message"
     assert c.json("status", "g4-cli")["gang_checkpoint"], "restored from a group checkpoint"
     c.ferry("kill", "g4-srv")

@@ -13,6 +13,7 @@ from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
 from ferry.cli.insight import add_insight_parsers, cmd_explain, cmd_signals
 from ferry.cli.keys import add_keys_parser, cmd_keys
+from ferry.cli.raygang import cmd_ray_up
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.cli.slurm.bridge import add_slurm_parser, cmd_slurm
 from ferry.cli.store import add_store_parser, cmd_store
@@ -211,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_parser(sub, common)
     add_keys_parser(sub, common)
     add_slurm_parser(sub, common)
+
+    p = add("ray", "Ray clusters as gangs")
+    ray = p.add_subparsers(dest="ray_cmd", metavar="ACTION", required=True)
+    r = ray.add_parser("up", parents=[common], help="start a Ray cluster as a gang: a head and its workers, each a "
+                       "job on a node of its own, checkpointed, restored and failed over together")
+    r.add_argument("--name", default="ray", help="the gang's name; members are NAME-head, NAME-w1... (default: ray)")
+    r.add_argument("--workers", type=int, default=2, help="worker nodes besides the head (default: 2)")
+    r.add_argument("--nodes", metavar="N0,N1,...", help="the head's node, then each worker's (default: the "
+                   "scheduler picks)")
+    r.add_argument("--cpus", type=int, default=0, help="CPUs each Ray node offers (ray start --num-cpus)")
+    r.add_argument("--checkpoint-every", metavar="DURATION", help="a group checkpoint of the whole cluster this often")
+    r.add_argument("--ray-bin", metavar="PATH", help="the `ray` the nodes run (default: beside this Python, else "
+                   "PATH's)")
+    r.add_argument("driver", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]: a driver, run in the head's "
+                   "job once the head is up (Ray wants drivers on a Ray node); ray.init() finds the cluster")
     add("whoami", "who the API takes this caller for: tenant, role, quota and what the tenant uses")
     p = add("audit", "the audit trail: every mutating call, who made it and how it ended (a user sees its tenant's)")
     p.add_argument("--since", metavar="DURATION", default="1d", help="how far back (default 1d), e.g. 1h")
@@ -244,6 +260,7 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "audit": commands.cmd_audit,
     "signals": cmd_signals,
     "explain": cmd_explain,
+    "ray": cmd_ray_up,
 }
 
 
