@@ -141,3 +141,30 @@ def test_a_gang_whose_node_dies_comes_back_whole_then_a_member_leaves_a_noticed_
     assert c.logs("g4-cli") == WANT_LONG, "the gang's failover or the move lost or repeated a message"
     assert c.json("status", "g4-cli")["gang_checkpoint"], "restored from a group checkpoint"
     c.ferry("kill", "g4-srv")
+
+
+def test_a_gang_is_parked_whole_to_make_room_and_comes_back_whole_when_room_is_back(three_nodes: Cluster) -> None:
+    c = three_nodes
+    c.json("run", "--name", "g5-srv", "--gang", "g5", "--cpus", "2", "--node", "n1", "--", PY, "-c",
+           tcp_answer_server(PORT))
+    address = c.json("status", "g5-srv")["address"]
+    c.json("run", "--name", "g5-cli", "--gang", "g5", "--cpus", "2", "--node", "n2", "--", PY, "-c",
+           tcp_counter_client(address, PORT, LONG))
+    c.json("run", "--name", "g5-hi", "--cpus", "2", "--priority", "10", "--node", "n3", "--", "sleep", "600")
+    c.wait_lines("g5-cli", 50)
+    c.json("chaos", "spot-notice", "n3", "--in", "60s")  # g5-hi must go, and only a gang member's node can take it
+
+    def parked() -> bool:
+        return all((s := c.json("status", j))["state"] == "preempted" and "to make room for g5-hi" in s["reason"]
+                   for j in ("g5-srv", "g5-cli"))
+    wait_until(parked, 120, "the whole gang to be parked for g5-hi")
+    wait_until(lambda: c.json("status", "g5-hi")["node"] in ("n1", "n2"), 120, "g5-hi to move where the gang was")
+    assert {c.json("status", j)["gang_checkpoint"] for j in ("g5-srv", "g5-cli")} != {""}  # one group, both
+    c.ferry("kill", "g5-hi")  # room for both members again (n3 is going away)
+    for job in ("g5-srv", "g5-cli"):
+        wait_until(lambda job=job: c.json("status", job)["state"] == "running", 120,  # type: ignore[misc]
+                   f"{job} to come back with its gang")
+    assert {c.json("status", j)["node"] for j in ("g5-srv", "g5-cli")} == {"n1", "n2"}  # a node each, no overcommit
+    assert c.ferry("wait", "g5-cli", "--timeout", "300").returncode == 0
+    assert c.logs("g5-cli") == WANT_LONG, "parking and bringing back the gang lost or repeated a message"
+    c.ferry("kill", "g5-srv")

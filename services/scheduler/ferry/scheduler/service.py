@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -259,8 +260,7 @@ class Scheduler(Service):
         await self.effects.apply(gang.begin_checkpoint(name, members, op, stop=stop, now=now(), periodic=periodic,
                                                        reason=reason, parked_by=parked_by, fault=fault))
 
-    async def gang_restore(self, name: str, op: Op, *, nodes: list[str], allow_colocate: bool,
-                           failover: str | None = None) -> None:
+    async def gang_restore(self, name: str, op: Op, *, nodes: list[str], allow_colocate: bool) -> None:
         if isinstance(op.args, GangRestoreArgs):
             await self.effects.apply(gang.resend(self.gang_of(op), op))
             return
@@ -269,19 +269,16 @@ class Scheduler(Service):
         group = gangs.gang_restorable(name, members, gangs.newest_group(groups, members))
         for node_id in nodes:
             await self.state.node(node_id)  # NotFoundError for an unknown node
-        targets = gangs.assign_nodes(members, nodes, allow_colocate=allow_colocate)
-        taken: list[str] = []
-        for job in members:  # each member where it fits; others' picks are avoided unless colocating
-            exclude = None if allow_colocate else set(taken)
-            probe = job.model_copy(deep=True)
-            probe.state = JobState.PREEMPTED
-            target = targets.get(job.id) or await self._gang_target(probe, exclude, failover)
-            if job.id in targets:
-                target = await self._target(probe, target)
-            targets[job.id] = target
-            taken.append(target)
-            job.gpu_uuids = probe.gpu_uuids
-        await self.effects.apply(gang.begin_restore(name, members, op, group, targets, failover=failover))
+        targets: dict[str, str] | None = gangs.assign_nodes(members, nodes, allow_colocate=allow_colocate)
+        if targets:  # the user's nodes: each checked as a restore there would be
+            for job in members:
+                await self._target(job.model_copy(update={"state": JobState.PREEMPTED}), targets[job.id])
+        else:
+            targets = await self.gang_targets(members, set(), colocate=allow_colocate)
+            if targets is None:
+                raise ConflictError(f"cannot place gang {name}: no node for each member"
+                                    + ("" if allow_colocate else " (add --allow-colocate to let members share nodes)"))
+        await self.effects.apply(gang.begin_restore(name, members, op, group, targets))
 
     async def gang_failover(self, name: str, lost: Node, why: str = "") -> None:
         """A member's node is lost: the whole gang back from its newest group checkpoint
@@ -313,31 +310,32 @@ class Scheduler(Service):
         op = Op(id=new_id("op"), kind=OpKind.RESTORE)
         await self.effects.apply(gang.begin_restore(name, members, op, group, targets))
 
-    async def gang_targets(self, members: list[Job], exclude: set[str]) -> dict[str, str] | None:
-        """A node for each member, each its own while there are enough; None when one fits nowhere."""
+    async def gang_targets(self, members: list[Job], exclude: set[str], *, colocate: bool = True
+                           ) -> dict[str, str] | None:
+        """A node for each member, each its own while there are enough (then, if `colocate`, shared);
+        None when one fits nowhere."""
         targets: dict[str, str] = {}
+        placed: list[Job] = []  # the members assigned so far, counted on their targets
+        moving = {j.id for j in members}
         for job in members:
             probe = job.model_copy(update={"state": JobState.PREEMPTED, "node": None})
-            target, _ = await self.pick_node_excluding(probe, exclude | set(targets.values()))
-            if target is None:
-                target, _ = await self.pick_node_excluding(probe, exclude)
+            target, _ = await self.pick_node_excluding(probe, exclude | set(targets.values()), placed=placed,
+                                                       moving=moving)
+            if target is None and colocate:
+                target, _ = await self.pick_node_excluding(probe, exclude, placed=placed, moving=moving)
             if target is None:
                 return None
             targets[job.id] = target
+            placed.append(job.model_copy(update={"state": JobState.RUNNING, "node": target}))
         return targets
 
-    async def _gang_target(self, job: Job, exclude: set[str] | None, failover: str | None) -> str:
-        """A node for one member of a gang restore, not one in `exclude` (where other members go)."""
-        others = {*(exclude or set()), *([failover] if failover else [])}
-        target, why = await self.pick_node_excluding(job, others)
-        if target is None:
-            hint = "" if exclude is None else " (or add --allow-colocate to let members share nodes)"
-            raise ConflictError(f"cannot place gang member {job.name}: {why}{hint}")
-        return target
-
-    async def pick_node_excluding(self, job: Job, exclude: set[str]) -> tuple[str | None, str]:
+    async def pick_node_excluding(self, job: Job, exclude: set[str], *, placed: Sequence[Job] = (),
+                                  moving: set[str] | None = None) -> tuple[str | None, str]:
+        """`placed`: jobs counted where they are about to go (a gang's members already assigned);
+        `moving`: jobs whose current place does not count (the gang's own members)."""
         t = now()
-        others = [j for j in await self.state.jobs() if j.id != job.id]
+        others = [j for j in await self.state.jobs() if j.id != job.id and j.id not in (moving or set())]
+        others += placed
         nodes = await self.state.nodes()
         views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
         if job.network == Network.BRIDGE:

@@ -242,13 +242,12 @@ def on_member_failed(members: list[Job], op: Op, job_id: str, error: str, now: f
 # ---- group restore ----------------------------------------------------------------------------
 
 
-def begin_restore(gang: str, members: list[Job], op: Op, group: GangCheckpoint, targets: dict[str, str],
-                  failover: str | None = None) -> GangStep:
+def begin_restore(gang: str, members: list[Job], op: Op, group: GangCheckpoint, targets: dict[str, str]) -> GangStep:
     """Restores every member of `group` on its target (all checked: ``gangs.gang_restorable``)."""
     s = GangStep.of(members, op)
     op = s.op
     args = GangRestoreArgs(gang=gang, group=group.id, members={j.id: group.members[j.id] for j in members},
-                           targets=dict(targets), failover=failover)
+                           targets=dict(targets))
     op.args, op.state, op.phase, op.job, op.checkpoint = args, OpState.RUNNING, "restore", "", group.id
     s.save_op()
     for job in s.jobs.values():
