@@ -30,7 +30,7 @@ NODE_VERSION=24.22.3
 OPENCLAW=openclaw@2026.9.6
 AGENT_TOOLS=.tools/agents
 # Debian packages the setup installs (besides CRIU's build dependencies, listed in install-criu.sh)
-PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc umoci busybox-static
+PACKAGES=(python3 python3-venv python3-dev gcc iproute2 procps nftables redis-server shellcheck runc containerd umoci busybox-static
     slurm-wlm slurmctld slurmd munge libslurm-dev)
 PIP_LOG=.venv/pip.log
 pip_install() {  # pip's chatter goes to a log, shown when pip fails

@@ -21,5 +21,5 @@ fi
 "$(dirname "$0")/install-slurm-plugin.sh" --uninstall
 say "fs.pipe-max-size was raised only until the next boot (sysctl -w fs.pipe-max-size=1048576 resets it now)"
 say "Debian packages left installed; to remove them:"
-echo "  apt-get remove redis-server shellcheck nftables runc umoci busybox-static slurm-wlm slurmctld slurmd munge libslurm-dev $(sed -n '/^BUILD_DEPS=(/,/)/p' "$(dirname "$0")/install-criu.sh" | tr -d '()' | sed 's/BUILD_DEPS=//' | tr -s ' \n' ' ')"
+echo "  apt-get remove redis-server shellcheck nftables runc containerd umoci busybox-static slurm-wlm slurmctld slurmd munge libslurm-dev $(sed -n '/^BUILD_DEPS=(/,/)/p' "$(dirname "$0")/install-criu.sh" | tr -d '()' | sed 's/BUILD_DEPS=//' | tr -s ' \n' ' ')"
 say "the repository's .venv and .tools (Node and OpenClaw) are left: rm -rf .venv .tools"

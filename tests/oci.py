@@ -12,7 +12,9 @@ from pathlib import Path
 TOOLS = ("sh", "echo", "sleep", "cat", "wc", "seq", "ls", "head", "tr")
 
 
-def make_rootfs(rootfs: Path) -> None:
+def make_rootfs(rootfs: Path, links: tuple[str, ...] = ()) -> None:
+    """busybox's tools in /bin; each of ``links`` (lib, lib64) a link to usr/NAME, for a /usr mounted
+    from the host."""
     busybox = shutil.which("busybox") or "/bin/busybox"
     (rootfs / "bin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(busybox, rootfs / "bin" / "busybox")
@@ -20,6 +22,8 @@ def make_rootfs(rootfs: Path) -> None:
         (rootfs / "bin" / tool).symlink_to("busybox")
     for folder in ("proc", "dev", "sys", "tmp", "data"):
         (rootfs / folder).mkdir(exist_ok=True)
+    for link in links:
+        (rootfs / link).symlink_to(f"usr/{link}")
 
 
 def make_bundle(bundle: Path) -> Path:
@@ -34,13 +38,13 @@ def make_bundle(bundle: Path) -> Path:
     return bundle
 
 
-def make_image(layout: Path, tag: str = "latest") -> Path:
+def make_image(layout: Path, tag: str = "latest", extra: tuple[str, ...] = ()) -> Path:
     """An OCI image layout holding one busybox image under `tag` (umoci, no registry)."""
     subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
     subprocess.run(["umoci", "new", "--image", f"{layout}:{tag}"], check=True)
     work = layout.with_name(layout.name + "-unpacked")
     subprocess.run(["umoci", "unpack", "--image", f"{layout}:{tag}", str(work)], check=True, capture_output=True)
-    make_rootfs(work / "rootfs")
+    make_rootfs(work / "rootfs", extra)
     subprocess.run(["umoci", "repack", "--image", f"{layout}:{tag}", str(work)], check=True, capture_output=True)
     shutil.rmtree(work)
     return layout

@@ -13,6 +13,7 @@ from ferry.cli import commands
 from ferry.cli.client import Client, default_addr
 from ferry.cli.insight import add_insight_parsers, cmd_explain, cmd_signals
 from ferry.cli.keys import add_keys_parser, cmd_keys
+from ferry.cli.pods import add_pod_parser, cmd_pod
 from ferry.cli.raygang import cmd_ray_up
 from ferry.cli.simulate import add_simulate_parser, cmd_simulate
 from ferry.cli.slurm.bridge import add_slurm_parser, cmd_slurm
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http", metavar="HOST:PORT", help="serve MCP's streamable HTTP on this loopback address "
                    "instead of stdio")
     add_store_parser(sub, common)
+    add_pod_parser(sub, common)
     add_keys_parser(sub, common)
     add_slurm_parser(sub, common)
 
@@ -264,6 +266,15 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
 }
 
 
+LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {
+    "simulate": cmd_simulate,
+    "store": cmd_store,
+    "pod": cmd_pod,
+    "keys": cmd_keys,
+    "slurm": cmd_slurm,
+}
+
+
 def add_dry_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would happen (checked as the call itself "
                    "would be, limits included) and change nothing")
@@ -295,14 +306,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             from ferry.cli.up import cmd_up
 
             code = cmd_up(args)
-        elif args.cmd == "simulate":
-            code = cmd_simulate(args)
-        elif args.cmd == "store":
-            code = cmd_store(args)
-        elif args.cmd == "keys":
-            code = cmd_keys(args)
-        elif args.cmd == "slurm":
-            code = cmd_slurm(args)
+        elif args.cmd in LOCAL:  # no cluster: they act on this machine
+            code = LOCAL[args.cmd](args)
         elif args.cmd == "mcp":
             from ferry.cli.agent.server import cmd_mcp
 

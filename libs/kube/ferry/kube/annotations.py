@@ -1,0 +1,57 @@
+"""The annotations by which a pod opts in to Ferry, and what their values mean.
+
+A pod opts in with ``spec.runtimeClassName: ferry`` (the RuntimeClass whose handler is the
+``ferry`` runtime) and, for periodic checkpoints, ``ferry.dev/checkpoint-every``. A pod created
+with ``ferry.dev/restore-from: JOB/CHECKPOINT`` (or ``JOB`` for its newest checkpoint) has its
+containers restored from that checkpoint in Ferry's store instead of started fresh. containerd
+passes pod annotations matching ``ferry.dev/*`` into each container's OCI spec (the runtime's
+``pod_annotations``), which is where the runtime reads them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel
+
+from ferry.common.errors import UsageError
+
+PREFIX = "ferry.dev/"
+RUNTIME_HANDLER = "ferry"
+RESTORE_FROM = PREFIX + "restore-from"
+CHECKPOINT_EVERY = PREFIX + "checkpoint-every"
+JOB = PREFIX + "job"  # a container's job id in the store, when the pod names it (else job_for())
+# set by containerd's CRI plugin in every container's spec
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+CRI_CONTAINER_NAME = "io.kubernetes.cri.container-name"
+CRI_POD_NAME = "io.kubernetes.cri.sandbox-name"
+CRI_POD_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+CRI_POD_UID = "io.kubernetes.cri.sandbox-uid"
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class CheckpointRef(BaseModel):
+    """A checkpoint in Ferry's store: a job's (and of it, ``checkpoint`` or else the newest)."""
+
+    job: str
+    checkpoint: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.job}/{self.checkpoint}" if self.checkpoint else self.job
+
+
+def parse_restore_from(value: str) -> CheckpointRef:
+    """``JOB`` or ``JOB/CHECKPOINT``; UsageError with what is wrong otherwise."""
+    job, sep, checkpoint = value.strip().partition("/")
+    if not _ID.match(job) or (sep and not _ID.match(checkpoint)):
+        raise UsageError(f"{RESTORE_FROM}: {value!r} is not JOB or JOB/CHECKPOINT (letters, digits, '.', '_', '-')")
+    return CheckpointRef(job=job, checkpoint=checkpoint or None)
+
+
+def job_for(namespace: str, pod: str, container: str) -> str:
+    """The store's job id of a pod's container when the pod names none: stable across the pod's
+    replacements, which keep their namespace, name and container names."""
+    raw = f"k8s.{namespace}.{pod}.{container}"
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", raw)
+    return cleaned[:128]

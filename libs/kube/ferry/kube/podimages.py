@@ -1,0 +1,154 @@
+"""A pod's container in Ferry's store: checkpointed through runc against containerd's runc state
+(``checkpoint``), and fetched back into a new container's bundle before ``runc restore``
+(``fetch``). The images are CRIU's, from ``runc checkpoint``, plus the root filesystem's changes
+(``ferry.kube.overlay``) taken while the container is still frozen, and the spec it ran with.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from ferry.common.errors import FerryError, NotFoundError
+from ferry.common.models import DEFAULT_TENANT, new_id
+from ferry.criu.binary import find_criu
+from ferry.criu.errors import DumpFailed
+from ferry.kube.annotations import CheckpointRef
+from ferry.store.manifest import Manifest
+from ferry.store.store import CheckpointStore
+
+ROOTFS_CHANGES = "rootfs-changes.tar"
+SPEC = "container-spec.json"
+CRIU_CONF = "ferry-criu.conf"  # in the container's bundle; runc reads it through org.criu.config
+CRIU_ANNOTATION = "org.criu.config"
+
+
+class RuncState(BaseModel):
+    """What ``runc state`` tells of a container that the agent needs."""
+
+    id: str
+    pid: int
+    status: str
+    bundle: str
+    rootfs: str
+    annotations: dict[str, str] = {}
+
+
+class PodCheckpoint(BaseModel):
+    job: str
+    checkpoint: str
+    parent: str | None
+    final: bool
+    wall_ms: float
+    bytes_logical: int
+
+
+def runc_bin() -> str:
+    found = shutil.which("runc")
+    if found is None:
+        raise FerryError("runc not found: the ferry runtime needs Debian's runc (./setup.sh installs it)")
+    return found
+
+
+def runc_base(root: str) -> list[str]:
+    criu = find_criu("criu")
+    return [runc_bin(), "--root", root, *(["--criu", criu] if criu else [])]
+
+
+def runc_state(root: str, container_id: str) -> RuncState:
+    done = subprocess.run([*runc_base(root), "state", container_id], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise NotFoundError(f"container {container_id} is not in runc's state under {root}: "
+                            f"{done.stderr.strip() or done.returncode}")
+    return RuncState.model_validate_json(done.stdout)
+
+
+def write_criu_conf(bundle: Path, *, action_script: str | None = None) -> Path:
+    """CRIU's options for runc's dumps and restores of this container: established TCP
+    connections, the nftables network lock (iptables is absent here) and the post-dump action."""
+    path = bundle / CRIU_CONF
+    lines = ["tcp-established", "network-lock nftables", *([f"action-script {action_script}"] if action_script else [])]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def newest(store: CheckpointStore, job: str) -> Manifest:
+    manifests = [store.read_manifest(job, ck) for ck in store.list_checkpoints(job)]
+    if not manifests:
+        raise NotFoundError(f"job {job} has no checkpoint in the store")
+    return max(manifests, key=lambda m: m.created)
+
+
+def _action_script(upper: Path | None, images: Path) -> Path:
+    """A post-dump action that saves the root filesystem's changes while the container is frozen."""
+    script = images.parent / f".{images.name}-post-dump.sh"
+    save = (f"exec {sys.executable} -m ferry.kube.overlay save {upper} {images / ROOTFS_CHANGES}" if upper
+            else "exit 0")
+    script.write_text(f"#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n{save}\n")
+    script.chmod(0o700)
+    return script
+
+
+def checkpoint(store: CheckpointStore, *, root: str, container_id: str, job: str, work: Path,
+               final: bool = False, tenant: str = DEFAULT_TENANT) -> PodCheckpoint:
+    """``runc checkpoint`` of the running container ``container_id`` (containerd's runc state under
+    ``root``) into ``job``'s next checkpoint in the store. ``final``: the container ends with
+    the dump (before its pod goes); otherwise it runs on (``--leave-running``)."""
+    from ferry.kube.overlay import upper_dir
+
+    state = runc_state(root, container_id)
+    if state.status != "running":
+        raise DumpFailed(f"container {container_id} is {state.status}, not running")
+    images = work / new_id("img")
+    images.mkdir(parents=True)
+    upper = upper_dir(Path(state.rootfs))
+    script = _action_script(upper, images)
+    bundle = Path(state.bundle)
+    write_criu_conf(bundle, action_script=str(script))
+    started = time.monotonic()
+    try:
+        command = [*runc_base(root), "checkpoint", *([] if final else ["--leave-running"]), "--image-path",
+                   str(images), "--work-path", str(images.with_name(images.name + "-work")), container_id]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    finally:
+        write_criu_conf(bundle)
+        script.unlink(missing_ok=True)
+    wall_ms = (time.monotonic() - started) * 1000
+    if done.returncode != 0:
+        log = images.with_name(images.name + "-work") / "dump.log"
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+        raise DumpFailed(f"runc checkpoint {container_id} failed: {done.stderr.strip() or done.returncode}",
+                         log_excerpt="\n".join(tail))
+    shutil.copyfile(bundle / "config.json", images / SPEC)
+    parents = store.list_checkpoints(job)
+    parent = newest(store, job).checkpoint if parents else None
+    checkpoint_id = new_id("ck")
+    written = store.write_checkpoint(job=job, tenant=tenant, checkpoint=checkpoint_id, parent=parent,
+                                     src_dir=images, meta={"kind": "pod", "container": container_id,
+                                                           "annotations": state.annotations, "final": final})
+    shutil.rmtree(images, ignore_errors=True)
+    shutil.rmtree(images.with_name(images.name + "-work"), ignore_errors=True)
+    return PodCheckpoint(job=job, checkpoint=checkpoint_id, parent=parent, final=final, wall_ms=wall_ms,
+                         bytes_logical=written.bytes_logical)
+
+
+def fetch(store: CheckpointStore, ref: CheckpointRef, dest: Path) -> Manifest:
+    """The checkpoint ``ref`` names (else the job's newest), verified, into ``dest``."""
+    manifest = store.read_manifest(ref.job, ref.checkpoint) if ref.checkpoint else newest(store, ref.job)
+    if manifest.meta.get("kind") != "pod":
+        raise FerryError(f"checkpoint {manifest.checkpoint} of {ref.job} is not a pod container's")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    store.restore_files(manifest, dest)
+    return manifest
+
+
+def spec_annotations(bundle: Path) -> dict[str, str]:
+    spec = json.loads((bundle / "config.json").read_text())
+    return dict(spec.get("annotations") or {})

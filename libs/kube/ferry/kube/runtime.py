@@ -1,0 +1,122 @@
+"""``ferry-runc``: the runtime that containerd's runc shim calls for pods of the RuntimeClass
+``ferry`` (the runtime's ``BinaryName``). Every call goes to Debian's runc unchanged, except:
+
+- ``create`` of a container (not the pod's sandbox): its spec gains ``org.criu.config``, so that
+  the node agent's ``runc checkpoint`` and a later ``runc restore`` use Ferry's CRIU options;
+- ``create`` of a container whose pod carries ``ferry.dev/restore-from``: the checkpoint is
+  fetched from Ferry's store (verified), the root filesystem's changes are laid over the new
+  container's root filesystem, and ``runc restore --detach`` runs in place of ``runc create``.
+  The shim then finds a running container, so the ``start`` that follows is answered here.
+  When the checkpoint is missing or does not verify, the container is created fresh: the pod
+  never crash-loops because of Ferry, and ``ferry-restore.json`` in the bundle says why.
+
+The store is the one Ferry's configuration names (``FERRY_CONFIG``, ``FERRY_*``), which the node
+agent's DaemonSet gives containerd's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ferry.kube.runcargs import RuncCall, parse, restore_argv
+
+RESTORED_MARK = "ferry-restored"  # in runc's state folder of a container that was restored
+RESTORE_REPORT = "ferry-restore.json"  # in the bundle: what became of a restore-from
+
+
+def real_runc() -> str:
+    configured = os.environ.get("FERRY_RUNC")
+    found = configured or shutil.which("runc", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin")
+    if not found:
+        print("ferry-runc: runc not found (install Debian's runc, or set FERRY_RUNC)", file=sys.stderr)
+        raise SystemExit(127)
+    return found
+
+
+def _mark(call: RuncCall) -> Path | None:
+    root, cid = call.global_value("--root"), call.container_id
+    return Path(root) / cid / RESTORED_MARK if root and cid else None
+
+
+def _report(bundle: Path, **fields: object) -> None:
+    (bundle / RESTORE_REPORT).write_text(json.dumps(fields) + "\n")
+
+
+def _prepare(call: RuncCall) -> list[str] | None:
+    """For a ``create``: the spec's CRIU options, then the restore to run instead, if any."""
+    from ferry.kube.annotations import CRI_CONTAINER_TYPE, RESTORE_FROM
+    from ferry.kube.podimages import CRIU_ANNOTATION, write_criu_conf
+
+    bundle = Path(call.bundle or ".")
+    spec_path = bundle / "config.json"
+    spec = json.loads(spec_path.read_text())
+    annotations = spec.setdefault("annotations", {})
+    if annotations.get(CRI_CONTAINER_TYPE) == "sandbox":
+        return None
+    annotations[CRIU_ANNOTATION] = str(write_criu_conf(bundle))
+    spec_path.write_text(json.dumps(spec))
+    value = annotations.get(RESTORE_FROM)
+    if not value:
+        return None
+    try:
+        images = _fetch(bundle, value)
+    except Exception as exc:  # any failure means a fresh start, said in the report
+        _report(bundle, restored=False, restore_from=value, reason=f"{type(exc).__name__}: {exc}")
+        print(f"ferry-runc: not restoring from {value}: {exc}; starting fresh", file=sys.stderr)
+        return None
+    return restore_argv(call, images=str(images), work=str(bundle / "ferry-restore-work"))
+
+
+def _fetch(bundle: Path, value: str) -> Path:
+    from ferry.common.config import load_settings
+    from ferry.kube.annotations import parse_restore_from
+    from ferry.kube.overlay import apply_changes
+    from ferry.kube.podimages import ROOTFS_CHANGES, fetch
+    from ferry.store.url import open_store
+
+    ref = parse_restore_from(value)
+    settings = load_settings()
+    store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
+    images = bundle / "ferry-images"
+    manifest = fetch(store, ref, images)
+    if (images / ROOTFS_CHANGES).exists():
+        apply_changes(images / ROOTFS_CHANGES, bundle / "rootfs")
+    _report(bundle, restored=None, restore_from=value, checkpoint=manifest.checkpoint, job=manifest.job)
+    return images
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    call = parse(args)
+    runc = real_runc()
+    if call.command == "start":
+        mark = _mark(call)
+        if mark is not None and mark.exists():
+            return 0  # restored: already running
+    if call.command != "create":
+        os.execv(runc, [runc, *args])
+    restore = _prepare(call)
+    if restore is None:
+        os.execv(runc, [runc, *args])
+    bundle = Path(call.bundle or ".")
+    done = subprocess.run([runc, *restore], check=False)
+    report = json.loads((bundle / RESTORE_REPORT).read_text())
+    if done.returncode != 0:  # a fresh start instead (with the checkpoint's root filesystem changes)
+        _report(bundle, **{**report, "restored": False, "reason": f"runc restore exited {done.returncode}"})
+        subprocess.run([runc, *call.globals, "delete", "--force", *call.args[-1:]], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.execv(runc, [runc, *args])
+    mark = _mark(call)
+    if mark is not None:
+        mark.write_text("")
+    _report(bundle, **{**report, "restored": True})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

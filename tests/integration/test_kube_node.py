@@ -1,0 +1,143 @@
+"""Ferry under Kubernetes, the node side (issue 14), against real containerd (Debian's, two of them
+standing for two nodes) driven through its CRI API as a kubelet drives it: a pod of the
+RuntimeClass ``ferry`` runs train.py in a container built offline, is checkpointed by `ferry pod
+checkpoint` (leave-running, then --stop as before its pod goes), and a pod created on the other
+containerd with ``ferry.dev/restore-from`` continues it: both logs together are the lines of an
+uninterrupted run. A restore annotation naming no usable checkpoint starts the container fresh
+and says why."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.kube.annotations import CHECKPOINT_EVERY, RESTORE_FROM
+from ferry.kube.cri import ContainerInfo, ContainerSpec, PodSpec
+from ferry.kube.runtime import RESTORE_REPORT
+from ferry.store.keys import KeyRing, write_private
+from tests.conftest import BIN, PY, WORKLOADS, wait_until
+from tests.cri import APP, Containerd, build_images, require_containerd
+
+pytestmark = [pytest.mark.criu]
+
+TRAIN = [str(WORKLOADS / "train.py"), "--steps", "150", "--sleep", "0.03", "--width", "512"]
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Containerd, Containerd]]:
+    require_containerd()
+    d = tmp_path_factory.mktemp("kube")
+    write_private(d / "store.keys", KeyRing.generate().to_json())
+    config = d / "ferry.yaml"
+    config.write_text(f"data_dir: {d / 'ferry'}\nstore_url: {d / 'store'}\nstore_key_file: {d / 'store.keys'}\n")
+    images = build_images(d)
+    a = Containerd(config, images)
+    try:
+        b = Containerd(config, images)
+    except BaseException:
+        a.stop()
+        raise
+    yield config, a, b
+    a.stop()
+    b.stop()
+
+
+def pod(name: str, annotations: dict[str, str], logs: Path) -> PodSpec:
+    uid = uuid.uuid4().hex
+    return PodSpec(name=name, namespace="ml", uid=uid, log_directory=str(logs / uid), annotations=annotations)
+
+
+def container(command: list[str]) -> ContainerSpec:
+    here = [str(Path(p)) for p in {sys.prefix, sys.base_prefix, str(WORKLOADS)}]
+    return ContainerSpec(name="main", image=APP, command=command, env={"PYTHONDONTWRITEBYTECODE": "1"},
+                         mounts=[("/usr", "/usr", True), *((p, p, True) for p in here)])
+
+
+def start(node: Containerd, spec: PodSpec, box: ContainerSpec) -> str:
+    async def go() -> str:
+        async with node.client() as cri:
+            pod_id = await cri.run_pod(spec)
+            cid = await cri.create_container(pod_id, spec, box)
+            await cri.start_container(cid)
+            return cid
+
+    return asyncio.run(go())
+
+
+def info(node: Containerd, cid: str) -> ContainerInfo:
+    async def go() -> ContainerInfo:
+        async with node.client() as cri:
+            return await cri.container(cid)
+
+    return asyncio.run(go())
+
+
+def lines(node: Containerd, cid: str) -> list[str]:
+    """What the container wrote, from the CRI log (``TIME STREAM TAG TEXT`` per line)."""
+    path = info(node, cid).log
+    if not path.exists():
+        return []
+    return [line.split(" ", 3)[3] for line in path.read_text().splitlines() if line.count(" ") >= 3]
+
+
+def ferry(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    path = f"{BIN}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return subprocess.run([str(BIN / "ferry"), *args], capture_output=True, text=True, check=False,
+                          env={"FERRY_CONFIG": str(config), "PATH": path})
+
+
+def test_a_pod_checkpointed_on_one_node_continues_on_another(nodes: tuple[Path, Containerd, Containerd],
+                                                             tmp_path: Path) -> None:
+    config, a, b = nodes
+    want = subprocess.run([PY, *TRAIN], capture_output=True, text=True, check=True).stdout.splitlines()
+    cid = start(a, pod("trainer", {CHECKPOINT_EVERY: "10m"}, tmp_path), container([PY, *TRAIN]))
+    wait_until(lambda: len(lines(a, cid)) >= 20, 120, "train.py's first steps in the container")
+
+    periodic = ferry(config, "pod", "checkpoint", cid, "--endpoint", a.endpoint, "-o", "json")
+    assert periodic.returncode == 0, periodic.stderr
+    first = json.loads(periodic.stdout)
+    assert first["job"] == "k8s.ml.trainer.main" and not first["final"] and first["parent"] is None
+    seen = len(lines(a, cid))
+    wait_until(lambda: len(lines(a, cid)) >= seen + 10, 60, "the container to run on after a leave-running dump")
+    assert info(a, cid).state == "running"
+
+    final = ferry(config, "pod", "checkpoint", cid, "--endpoint", a.endpoint, "--stop", "-o", "json")
+    assert final.returncode == 0, final.stderr
+    last = json.loads(final.stdout)
+    assert last["final"] and last["parent"] == first["checkpoint"]
+    wait_until(lambda: info(a, cid).state == "exited", 30, "the container to end with its final dump")
+    before = lines(a, cid)
+    assert 30 <= len(before) < len(want) - 20, "the checkpoint came too late to test a restore"
+
+    moved = start(b, pod("trainer", {RESTORE_FROM: last["job"]}, tmp_path), container([PY, *TRAIN]))
+    report = json.loads((b.bundle(moved) / RESTORE_REPORT).read_text())
+    assert report["restored"] is True and report["checkpoint"] == last["checkpoint"], report
+    wait_until(lambda: info(b, moved).state == "exited", 180, "the restored container to finish")
+    assert info(b, moved).exit_code == 0
+    after = lines(b, moved)
+    assert before + after == want, "the restored container did not continue where the first one stopped"
+
+    listed = ferry(config, "pod", "checkpoints", "k8s.ml.trainer.main", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert [c["checkpoint"] for c in json.loads(listed.stdout)] == [first["checkpoint"], last["checkpoint"]]
+
+
+@pytest.mark.parametrize("value", ["k8s.ml.nobody.main", "../etc/passwd"])
+def test_a_restore_from_nothing_usable_starts_fresh_and_says_why(nodes: tuple[Path, Containerd, Containerd],
+                                                                tmp_path: Path, value: str) -> None:
+    _, a, _ = nodes
+    cid = start(a, pod("fresh", {RESTORE_FROM: value}, tmp_path),
+                container(["/bin/sh", "-c", "echo fresh; exec sleep 60"]))
+    wait_until(lambda: "fresh" in lines(a, cid), 30, "the container to start fresh")
+    said = lines(a, cid)  # the runtime's one line of why, on the container's stderr (kubectl logs shows it)
+    assert len(said) == 2 and said[0].startswith(f"ferry-runc: not restoring from {value}: "), said
+    report = json.loads((a.bundle(cid) / RESTORE_REPORT).read_text())
+    assert report["restored"] is False and report["restore_from"] == value
+    assert ("no checkpoint" in report["reason"]) if value.startswith("k8s") else ("not JOB" in report["reason"])
