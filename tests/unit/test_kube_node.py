@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ferry.common.errors import UsageError
-from ferry.kube.annotations import CheckpointRef, job_for, parse_restore_from
+from ferry.kube.annotations import CheckpointRef, job_for, job_of, parse_restore_from
 from ferry.kube.cri import ContainerSpec, PodSpec, container_info
 from ferry.kube.overlay import OPAQUE_XATTR, apply_changes, save_changes, upper_from_mountinfo
 from ferry.kube.runcargs import parse, restore_argv
@@ -40,12 +40,22 @@ def test_a_shim_create_is_parsed_and_becomes_a_detached_restore_with_the_same_bu
     (["--root=/r", "--debug", "delete", "--force", "abc"], "delete", ("abc",)),
     (["--version"], "", ()),
     (["kill", "abc", "9"], "kill", ("abc", "9")),
+    (["kill", "--all", "abc", "SIGTERM"], "kill", ("abc", "SIGTERM")),
 ])
 def test_other_runc_calls_are_parsed_for_what_they_name(argv: list[str], command: str, args: tuple[str, ...]) -> None:
     call = parse(argv)
-    assert (call.command, call.args) == (command, args)
+    assert (call.command, call.args) == (command, args) and call.container_id == (args[0] if args else None)
     if argv[0].startswith("--root"):
         assert call.global_value("--root") == "/r"
+
+
+def test_only_a_graceful_kill_of_the_init_is_a_stop_to_checkpoint_on() -> None:
+    assert parse(["--root", "/r", "kill", "abc"]).stops  # runc's default signal is SIGTERM
+    assert parse(["kill", "abc", "15"]).stops and parse(["kill", "abc", "TERM"]).stops
+    assert parse(["kill", "abc", "SIGTERM"]).stops
+    assert not parse(["kill", "abc", "SIGKILL"]).stops and not parse(["kill", "abc", "9"]).stops
+    assert not parse(["kill", "--all", "abc", "SIGTERM"]).stops  # every process: not the pod going
+    assert not parse(["delete", "abc"]).stops
 
 
 def test_the_restore_annotation_names_a_job_and_maybe_a_checkpoint() -> None:
@@ -56,6 +66,10 @@ def test_the_restore_annotation_names_a_job_and_maybe_a_checkpoint() -> None:
             parse_restore_from(bad)
     assert job_for("ml", "trainer", "main") == "k8s.ml.trainer.main"
     assert job_for("ml", "a/b c", "x") == "k8s.ml.a-b-c.x"
+    cri_spec = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "trainer",
+                "io.kubernetes.cri.container-name": "main"}
+    assert job_of(cri_spec) == "k8s.ml.trainer.main"
+    assert job_of({**cri_spec, "ferry.dev/job": "mine"}) == "mine"  # the pod names its job
 
 
 MOUNTINFO = r"""22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw

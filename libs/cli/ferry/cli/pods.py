@@ -65,7 +65,7 @@ def cmd_pod(args: argparse.Namespace) -> int:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from ferry.common.errors import UsageError
-    from ferry.kube.annotations import CRI_CONTAINER_NAME, CRI_POD_NAME, CRI_POD_NAMESPACE, JOB, job_for
+    from ferry.kube.annotations import job_of
     from ferry.kube.cri import CriClient
     from ferry.kube.podimages import checkpoint
 
@@ -80,8 +80,7 @@ def _checkpoint(args: argparse.Namespace) -> int:
     from ferry.kube.podimages import runc_state
 
     spec = runc_state(root, cid).annotations
-    job = args.job or spec.get(JOB) or job_for(spec.get(CRI_POD_NAMESPACE, "default"), spec.get(CRI_POD_NAME, "pod"),
-                                               spec.get(CRI_CONTAINER_NAME, cid[:12]))
+    job = args.job or job_of(spec, cid[:12])
     store = _store(args.config)
     with tempfile.TemporaryDirectory(prefix="ferry-pod-") as work:
         done = checkpoint(store, root=root, container_id=cid, job=job, work=Path(work), final=args.stop)

@@ -21,6 +21,9 @@ RUNTIME_HANDLER = "ferry"
 RESTORE_FROM = PREFIX + "restore-from"
 CHECKPOINT_EVERY = PREFIX + "checkpoint-every"
 JOB = PREFIX + "job"  # a container's job id in the store, when the pod names it (else job_for())
+# "true": when the kubelet stops the container (SIGTERM), the runtime checkpoints it instead, so that
+# the container ends with a final checkpoint that a replacement pod restores from
+CHECKPOINT_ON_STOP = PREFIX + "checkpoint-on-stop"
 # set by containerd's CRI plugin in every container's spec
 CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 CRI_CONTAINER_NAME = "io.kubernetes.cri.container-name"
@@ -47,6 +50,17 @@ def parse_restore_from(value: str) -> CheckpointRef:
     if not _ID.match(job) or (sep and not _ID.match(checkpoint)):
         raise UsageError(f"{RESTORE_FROM}: {value!r} is not JOB or JOB/CHECKPOINT (letters, digits, '.', '_', '-')")
     return CheckpointRef(job=job, checkpoint=checkpoint or None)
+
+
+def job_of(annotations: dict[str, str], fallback_container: str = "main") -> str:
+    """The store's job id of a container from its OCI spec's annotations."""
+    return annotations.get(JOB) or job_for(annotations.get(CRI_POD_NAMESPACE, "default"),
+                                           annotations.get(CRI_POD_NAME, "pod"),
+                                           annotations.get(CRI_CONTAINER_NAME, fallback_container))
+
+
+def is_true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("true", "yes", "1", "on")
 
 
 def job_for(namespace: str, pod: str, container: str) -> str:

@@ -33,7 +33,20 @@ class RuncCall:
 
     @property
     def container_id(self) -> str | None:
-        return self.args[-1] if self.args else None
+        """runc's commands name the container first (``kill ID [SIGNAL]``)."""
+        return self.args[0] if self.args else None
+
+    @property
+    def signal(self) -> str:
+        """The signal of a ``kill``, as written (runc's default: SIGTERM)."""
+        return self.args[1] if len(self.args) > 1 else "SIGTERM"
+
+    @property
+    def stops(self) -> bool:
+        """A ``kill`` that asks the container's init to end gracefully: SIGTERM, as the kubelet sends
+        before a pod goes (a drain, a preemption, a suspended job, a spot reclaim's drain)."""
+        return self.command == "kill" and "--all" not in self.options and \
+            self.signal.upper().removeprefix("SIG") in ("TERM", "15")
 
     @property
     def bundle(self) -> str | None:

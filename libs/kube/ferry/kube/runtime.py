@@ -10,6 +10,12 @@
   When the checkpoint is missing or does not verify, the container is created fresh: the pod
   never crash-loops because of Ferry, and ``ferry-restore.json`` in the bundle says why.
 
+- ``kill ID SIGTERM`` of a container whose pod carries ``ferry.dev/checkpoint-on-stop: "true"``:
+  the kubelet is stopping it (its pod is going: a drain, a preemption, a suspended job), so the
+  container is checkpointed into the store as it ends (``runc checkpoint``, which leaves it dead)
+  instead of being sent SIGTERM. That happens before the pod's grace period runs out; when the
+  checkpoint fails the SIGTERM is sent after all, and the container ends as it would have.
+
 The store is the one Ferry's configuration names (``FERRY_CONFIG``, ``FERRY_*``), which the node
 agent's DaemonSet gives containerd's environment.
 """
@@ -90,6 +96,35 @@ def _fetch(bundle: Path, value: str) -> Path:
     return images
 
 
+def _checkpoint_on_stop(call: RuncCall) -> bool:
+    """For a stopping ``kill``: True when the container ended with a final checkpoint instead."""
+    from ferry.common.config import load_settings
+    from ferry.kube.annotations import CHECKPOINT_ON_STOP, CRI_CONTAINER_TYPE, is_true, job_of
+    from ferry.kube.podimages import checkpoint, runc_state
+    from ferry.store.url import open_store
+
+    root, cid = call.global_value("--root"), call.container_id
+    if not root or not cid:
+        return False
+    try:
+        state = runc_state(root, cid)
+    except Exception:  # not ours to judge: runc's own kill says what is wrong
+        return False
+    if not is_true(state.annotations.get(CHECKPOINT_ON_STOP)) or state.status != "running" or \
+            state.annotations.get(CRI_CONTAINER_TYPE) == "sandbox":
+        return False
+    try:
+        settings = load_settings()
+        store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
+        done = checkpoint(store, root=root, container_id=cid, job=job_of(state.annotations),
+                          work=Path(state.bundle) / "ferry-stop", final=True)
+    except Exception as exc:  # the SIGTERM after all: the container ends as it would have
+        print(f"ferry-runc: checkpoint on stop of {cid} failed, sending SIGTERM: {exc}", file=sys.stderr)
+        return False
+    print(json.dumps({"checkpoint_on_stop": done.model_dump()}), file=sys.stderr)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     call = parse(args)
@@ -98,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         mark = _mark(call)
         if mark is not None and mark.exists():
             return 0  # restored: already running
+    if call.stops and _checkpoint_on_stop(call):
+        return 0
     if call.command != "create":
         os.execv(runc, [runc, *args])
     restore = _prepare(call)
@@ -108,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     report = json.loads((bundle / RESTORE_REPORT).read_text())
     if done.returncode != 0:  # a fresh start instead (with the checkpoint's root filesystem changes)
         _report(bundle, **{**report, "restored": False, "reason": f"runc restore exited {done.returncode}"})
-        subprocess.run([runc, *call.globals, "delete", "--force", *call.args[-1:]], check=False,
+        subprocess.run([runc, *call.globals, "delete", "--force", *call.args[:1]], check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.execv(runc, [runc, *args])
     mark = _mark(call)
