@@ -46,7 +46,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.ferry]
       runtime_type = "io.containerd.runc.v2"
-      pod_annotations = ["ferry.dev/*"]
+      pod_annotations = ["ferry.dev/*", "batch.kubernetes.io/job-completion-index"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.ferry.options]
         BinaryName = "{ferry_runc}"
         Root = "{d}/runc"

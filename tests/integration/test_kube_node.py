@@ -3,9 +3,10 @@ standing for two nodes) driven through its CRI API as a kubelet drives it: a pod
 RuntimeClass ``ferry`` runs train.py in a container built offline, is checkpointed by `ferry pod
 checkpoint` (leave-running), then stopped as the kubelet stops a container whose pod goes, which
 the runtime turns into a final checkpoint (``ferry.dev/checkpoint-on-stop``); a pod created on the other
-containerd with ``ferry.dev/restore-from`` continues it: both logs together are the lines of an
-uninterrupted run. A restore annotation naming no usable checkpoint starts the container fresh
-and says why."""
+containerd with ``ferry.dev/restore-from: auto`` (as a workload's controller recreates it)
+continues it: both logs together are the lines of an uninterrupted run. A later pod of the same
+job starts anew: a final checkpoint is continued from once. A restore annotation naming no
+usable checkpoint starts the container fresh and says why."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.kube.annotations import CHECKPOINT_EVERY, CHECKPOINT_ON_STOP, RESTORE_FROM
+from ferry.kube.annotations import AUTO, CHECKPOINT_EVERY, CHECKPOINT_ON_STOP, RESTORE_FROM
 from ferry.kube.cri import ContainerInfo, ContainerSpec, PodSpec
 from ferry.kube.runtime import RESTORE_REPORT
 from ferry.store.keys import KeyRing, write_private
@@ -129,13 +130,21 @@ def test_a_pod_checkpointed_on_one_node_continues_on_another(nodes: tuple[Path, 
     before = lines(a, cid)
     assert 30 <= len(before) < len(want) - 20, "the checkpoint came too late to test a restore"
 
-    moved = start(b, pod("trainer", {RESTORE_FROM: "k8s.ml.trainer.main"}, tmp_path), container([PY, *TRAIN]))
+    # the replacement, as a workload's controller recreates it: same names, restore-from auto
+    moved = start(b, pod("trainer", {RESTORE_FROM: AUTO}, tmp_path), container([PY, *TRAIN]))
     report = json.loads((b.bundle(moved) / RESTORE_REPORT).read_text())
     assert report["restored"] is True and report["checkpoint"] == last["checkpoint"], report
     wait_until(lambda: info(b, moved).state == "exited", 180, "the restored container to finish")
     assert info(b, moved).exit_code == 0
     after = lines(b, moved)
     assert before + after == want, "the restored container did not continue where the first one stopped"
+
+    # the job's work went on from that checkpoint: a later pod of the same job starts anew
+    again = start(a, pod("trainer", {RESTORE_FROM: AUTO}, tmp_path), container([PY, *TRAIN]))
+    wait_until(lambda: lines(a, again)[:1] == want[:1], 60, "a later pod of the job to start from its first step")
+    report = json.loads((a.bundle(again) / RESTORE_REPORT).read_text())
+    assert report["restored"] is False and "nothing to continue from" in report["reason"], report
+    stop(a, again)
 
 
 @pytest.mark.parametrize("value", ["k8s.ml.nobody.main", "../etc/passwd"])

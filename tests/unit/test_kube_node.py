@@ -70,6 +70,8 @@ def test_the_restore_annotation_names_a_job_and_maybe_a_checkpoint() -> None:
                 "io.kubernetes.cri.container-name": "main"}
     assert job_of(cri_spec) == "k8s.ml.trainer.main"
     assert job_of({**cri_spec, "ferry.dev/job": "mine"}) == "mine"  # the pod names its job
+    indexed = {**cri_spec, "ferry.dev/job": "trainer-{index}", "batch.kubernetes.io/job-completion-index": "3"}
+    assert job_of(indexed) == "trainer-3"  # an Indexed Job's pods keep their index across recreation
 
 
 MOUNTINFO = r"""22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw

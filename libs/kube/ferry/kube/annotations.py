@@ -19,6 +19,10 @@ from ferry.common.errors import UsageError
 PREFIX = "ferry.dev/"
 RUNTIME_HANDLER = "ferry"
 RESTORE_FROM = PREFIX + "restore-from"
+# restore-from: auto, for pods that a workload's controller recreates (a Job after Kueue readmits
+# it, a PyTorchJob resumed, a StatefulSet's pod after a drain): continue from the container job's
+# newest final checkpoint that no container has continued from yet, else start fresh
+AUTO = "auto"
 CHECKPOINT_EVERY = PREFIX + "checkpoint-every"
 JOB = PREFIX + "job"  # a container's job id in the store, when the pod names it (else job_for())
 # "true": when the kubelet stops the container (SIGTERM), the runtime checkpoints it instead, so that
@@ -30,6 +34,8 @@ CRI_CONTAINER_NAME = "io.kubernetes.cri.container-name"
 CRI_POD_NAME = "io.kubernetes.cri.sandbox-name"
 CRI_POD_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
 CRI_POD_UID = "io.kubernetes.cri.sandbox-uid"
+# an Indexed Job's pods carry their index; ferry.dev/job may use it as {index}
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -53,8 +59,12 @@ def parse_restore_from(value: str) -> CheckpointRef:
 
 
 def job_of(annotations: dict[str, str], fallback_container: str = "main") -> str:
-    """The store's job id of a container from its OCI spec's annotations."""
-    return annotations.get(JOB) or job_for(annotations.get(CRI_POD_NAMESPACE, "default"),
+    """The store's job id of a container from its OCI spec's annotations: the pod's ``ferry.dev/job``
+    (``{index}`` in it: an Indexed Job's completion index), else ``job_for`` of the pod's names."""
+    named = annotations.get(JOB)
+    if named:
+        return named.replace("{index}", annotations.get(COMPLETION_INDEX, "0"))
+    return job_for(annotations.get(CRI_POD_NAMESPACE, "default"),
                                            annotations.get(CRI_POD_NAME, "pod"),
                                            annotations.get(CRI_CONTAINER_NAME, fallback_container))
 

@@ -85,6 +85,25 @@ def newest(store: CheckpointStore, job: str) -> Manifest:
     return max(manifests, key=lambda m: m.created)
 
 
+def consumed_key(job: str, checkpoint: str) -> str:
+    """Where the store records that a container continued from a final checkpoint."""
+    return f"pods/consumed/{job}/{checkpoint}"
+
+
+def mark_consumed(store: CheckpointStore, job: str, checkpoint: str) -> None:
+    store.backend.put(consumed_key(job, checkpoint), b"")
+
+
+def resumable(store: CheckpointStore, job: str) -> Manifest | None:
+    """``restore-from: auto``: the job's newest final checkpoint, unless a container has continued
+    from it already (then the job's work went on from there and this one must start anew)."""
+    finals = [m for m in (store.read_manifest(job, ck) for ck in store.list_checkpoints(job)) if m.meta.get("final")]
+    if not finals:
+        return None
+    newest_final = max(finals, key=lambda m: m.created)
+    return None if store.backend.exists(consumed_key(job, newest_final.checkpoint)) else newest_final
+
+
 def _action_script(upper: Path | None, images: Path) -> Path:
     """A post-dump action that saves the root filesystem's changes while the container is frozen."""
     script = images.parent / f".{images.name}-post-dump.sh"

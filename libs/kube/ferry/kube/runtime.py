@@ -28,8 +28,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ferry.kube.runcargs import RuncCall, parse, restore_argv
+
+if TYPE_CHECKING:
+    from ferry.store.store import CheckpointStore
 
 RESTORED_MARK = "ferry-restored"  # in runc's state folder of a container that was restored
 RESTORE_REPORT = "ferry-restore.json"  # in the bundle: what became of a restore-from
@@ -55,7 +59,7 @@ def _report(bundle: Path, **fields: object) -> None:
 
 def _prepare(call: RuncCall) -> list[str] | None:
     """For a ``create``: the spec's CRIU options, then the restore to run instead, if any."""
-    from ferry.kube.annotations import CRI_CONTAINER_TYPE, RESTORE_FROM
+    from ferry.kube.annotations import CRI_CONTAINER_TYPE, RESTORE_FROM, job_of
     from ferry.kube.podimages import CRIU_ANNOTATION, write_criu_conf
 
     bundle = Path(call.bundle or ".")
@@ -70,7 +74,9 @@ def _prepare(call: RuncCall) -> list[str] | None:
     if not value:
         return None
     try:
-        images = _fetch(bundle, value)
+        images = _fetch(bundle, value, job_of(annotations))
+        if images is None:
+            return None
     except Exception as exc:  # any failure means a fresh start, said in the report
         _report(bundle, restored=False, restore_from=value, reason=f"{type(exc).__name__}: {exc}")
         print(f"ferry-runc: not restoring from {value}: {exc}; starting fresh", file=sys.stderr)
@@ -78,16 +84,31 @@ def _prepare(call: RuncCall) -> list[str] | None:
     return restore_argv(call, images=str(images), work=str(bundle / "ferry-restore-work"))
 
 
-def _fetch(bundle: Path, value: str) -> Path:
+def _open_store() -> CheckpointStore:
     from ferry.common.config import load_settings
-    from ferry.kube.annotations import parse_restore_from
-    from ferry.kube.overlay import apply_changes
-    from ferry.kube.podimages import ROOTFS_CHANGES, fetch
     from ferry.store.url import open_store
 
-    ref = parse_restore_from(value)
     settings = load_settings()
-    store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
+    return open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
+
+
+def _fetch(bundle: Path, value: str, job: str) -> Path | None:
+    """The checkpoint's images in the bundle and its root filesystem changes applied; None for
+    ``auto`` with nothing to continue from (a first start, or its last stop was continued)."""
+    from ferry.kube.annotations import AUTO, CheckpointRef, parse_restore_from
+    from ferry.kube.overlay import apply_changes
+    from ferry.kube.podimages import ROOTFS_CHANGES, fetch, resumable
+
+    store = _open_store()
+    if value.strip() == AUTO:
+        found = resumable(store, job)
+        if found is None:
+            _report(bundle, restored=False, restore_from=value, job=job,
+                    reason="nothing to continue from: no final checkpoint that was not continued already")
+            return None
+        ref = CheckpointRef(job=job, checkpoint=found.checkpoint)
+    else:
+        ref = parse_restore_from(value)
     images = bundle / "ferry-images"
     manifest = fetch(store, ref, images)
     if (images / ROOTFS_CHANGES).exists():
@@ -152,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     if mark is not None:
         mark.write_text("")
     _report(bundle, **{**report, "restored": True})
+    try:
+        from ferry.kube.podimages import mark_consumed
+
+        mark_consumed(_open_store(), report["job"], report["checkpoint"])
+    except Exception as exc:  # the container runs; a later auto restore may pick the same checkpoint
+        print(f"ferry-runc: could not record that {report['checkpoint']} was continued: {exc}", file=sys.stderr)
     return 0
 
 
