@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ferry.kube.containerd import install
 from ferry.kube.cri import CriClient
 from tests.conftest import BIN
 from tests.oci import archive, make_image
@@ -44,12 +45,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.ferry]
-      runtime_type = "io.containerd.runc.v2"
-      pod_annotations = ["ferry.dev/*", "batch.kubernetes.io/job-completion-index"]
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.ferry.options]
-        BinaryName = "{ferry_runc}"
-        Root = "{d}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{d}/cni/bin"
     conf_dir = "{d}/cni/conf"
@@ -87,7 +82,9 @@ class Containerd:
         self.socket = self.dir / "containerd.sock"
         (self.dir / "cni" / "bin").mkdir(parents=True)
         (self.dir / "cni" / "conf").mkdir(parents=True)
-        (self.dir / "config.toml").write_text(CONFIG.format(d=self.dir, pause=PAUSE, ferry_runc=BIN / "ferry-runc"))
+        # the runtime ferry, as the node agent installs it (`ferry pod install-runtime`)
+        config = install(CONFIG.format(d=self.dir, pause=PAUSE), str(BIN / "ferry-runc"), str(self.dir / "runc"))
+        (self.dir / "config.toml").write_text(config)
         env = {**os.environ, "FERRY_CONFIG": str(ferry_config)}
         self.log = (self.dir / "containerd.log").open("w")
         self.proc = subprocess.Popen(["containerd", "--config", str(self.dir / "config.toml")], env=env,

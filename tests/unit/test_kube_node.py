@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from ferry.common.errors import UsageError
 from ferry.kube.annotations import CheckpointRef, job_for, job_of, parse_restore_from
+from ferry.kube.containerd import install, runtime_options, uninstall
 from ferry.kube.cri import ContainerSpec, PodSpec, container_info
 from ferry.kube.overlay import OPAQUE_XATTR, apply_changes, save_changes, upper_from_mountinfo
 from ferry.kube.runcargs import parse, restore_argv
@@ -150,3 +154,52 @@ def test_pods_and_containers_are_described_as_a_kubelet_describes_them() -> None
     box = ContainerSpec(name="main", image="i:1", command=["sh"], env={"A": "1"}, mounts=[("/usr", "/usr", True)])
     c = box.config(pod)
     assert c.log_path == "main.log" and c.envs[0].key == "A" and c.mounts[0].readonly
+
+
+DEFAULT_V2 = """version = 2
+root = "/var/lib/containerd"
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+"""
+
+
+def test_the_runtime_is_added_to_containerds_configuration_once_and_removed_exactly() -> None:
+    once = install(DEFAULT_V2, "/opt/ferry/bin/ferry-runc")
+    assert install(once, "/opt/ferry/bin/ferry-runc") == once
+    options = runtime_options(once)
+    assert options["runtime_type"] == "io.containerd.runc.v2"
+    assert options["pod_annotations"] == ["ferry.dev/*", "batch.kubernetes.io/job-completion-index"]
+    assert options["options"] == {"BinaryName": "/opt/ferry/bin/ferry-runc", "Root": "/run/ferry/runc"}
+    assert tomllib.loads(once)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]
+    assert uninstall(once) == DEFAULT_V2
+    moved = install(once, "/usr/local/bin/ferry-runc")  # a new path replaces the old section
+    assert runtime_options(moved)["options"]["BinaryName"] == "/usr/local/bin/ferry-runc"  # type: ignore[index]
+    v3 = install('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n', "/b")
+    assert tomllib.loads(v3)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["ferry"]
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("version = 1\n", "configuration version 1"),
+    ("version = = 2", "not valid TOML"),
+    (DEFAULT_V2 + '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.ferry]\nruntime_type = "x"\n',
+     "already defines a runtime 'ferry'"),
+])
+def test_a_containerd_configuration_ferry_cannot_safely_change_is_refused(config: str, says: str) -> None:
+    with pytest.raises(UsageError, match=says):
+        install(config, "/b")
+
+
+def test_install_runtime_from_the_cli_is_idempotent_and_refuses_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(DEFAULT_V2)
+    ferry = [sys.executable, "-m", "ferry.cli.main", "pod", "install-runtime", "--containerd-config", str(config)]
+    first = subprocess.run([*ferry, "-o", "json"], capture_output=True, text=True, check=False)
+    assert first.returncode == 0 and json.loads(first.stdout)["changed"] is True, first.stderr
+    second = subprocess.run([*ferry, "-o", "json"], capture_output=True, text=True, check=False)
+    assert json.loads(second.stdout)["changed"] is False
+    config.write_text("version = 7\n")
+    bad = subprocess.run(ferry, capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "version 7" in bad.stderr
+    assert config.read_text() == "version = 7\n"  # left as it was

@@ -44,6 +44,14 @@ def add_pod_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     c.add_argument("--job", help="the job id in the store (default: the pod's ferry.dev/job, else "
                    "k8s.NAMESPACE.POD.CONTAINER)")
     c.add_argument("--config", help="Ferry's configuration file (default: FERRY_CONFIG)")
+    i = actions.add_parser("install-runtime", parents=[common], help="add the runtime ferry to containerd's "
+                           "configuration (what the node agent does on each node; restart containerd after)")
+    i.add_argument("--containerd-config", default="/etc/containerd/config.toml", metavar="PATH",
+                   help="containerd's config.toml (default /etc/containerd/config.toml)")
+    i.add_argument("--binary", default="/opt/ferry/bin/ferry-runc", metavar="PATH",
+                   help="the ferry-runc that containerd's runc shim runs, as the host sees it")
+    i.add_argument("--runc-root", default="/run/ferry/runc", metavar="PATH", help="runc's state for the runtime")
+    i.add_argument("--uninstall", action="store_true", help="remove the runtime ferry again")
     ls = actions.add_parser("checkpoints", parents=[common], help="the checkpoints of a pod container's job")
     ls.add_argument("job")
     ls.add_argument("--config", help="Ferry's configuration file (default: FERRY_CONFIG)")
@@ -60,7 +68,33 @@ def _store(config: str | None) -> CheckpointStore:
 def cmd_pod(args: argparse.Namespace) -> int:
     if args.pod_cmd == "checkpoint":
         return _checkpoint(args)
+    if args.pod_cmd == "install-runtime":
+        return _install(args)
     return _list(args)
+
+
+def _install(args: argparse.Namespace) -> int:
+    from ferry.kube.containerd import install, runtime_options, uninstall
+
+    path = Path(args.containerd_config)
+    try:
+        before = path.read_text()
+    except FileNotFoundError:
+        before = "version = 2\n"  # containerd's defaults, and Ferry's runtime beside them
+    after = uninstall(before) if args.uninstall else install(before, args.binary, args.runc_root)
+    changed = after != before
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.ferry-tmp")
+        tmp.write_text(after)
+        tmp.replace(path)
+    result = {"config": str(path), "changed": changed, "runtime": {} if args.uninstall else runtime_options(after)}
+    if args.output == "json":
+        print_json(result)
+    else:
+        print(f"{path}: {'changed' if changed else 'already so'}"
+              + ("; restart containerd to use it" if changed else ""))
+    return 0
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
