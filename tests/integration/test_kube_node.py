@@ -81,10 +81,10 @@ def info(node: Containerd, cid: str) -> ContainerInfo:
     return asyncio.run(go())
 
 
-def stop(node: Containerd, cid: str) -> None:
+def stop(node: Containerd, cid: str, grace: int = 30) -> None:
     async def go() -> None:
         async with node.client() as cri:
-            await cri.stop_container(cid, timeout=30)
+            await cri.stop_container(cid, timeout=grace)
 
     asyncio.run(go())
 
@@ -159,3 +159,49 @@ def test_a_restore_from_nothing_usable_starts_fresh_and_says_why(nodes: tuple[Pa
     report = json.loads((a.bundle(cid) / RESTORE_REPORT).read_text())
     assert report["restored"] is False and report["restore_from"] == value
     assert ("no checkpoint" in report["reason"]) if value.startswith("k8s") else ("not JOB" in report["reason"])
+
+
+def test_the_node_agent_carries_out_its_nodes_checkpoint_requests(nodes: tuple[Path, Containerd, Containerd],
+                                                                 tmp_path: Path) -> None:
+    """A FerryCheckpoint request, as the controller writes it into the API (here its double), carried
+    out by the node agent through containerd's CRI and runc into the store, its status written."""
+    from ferry.common.config import load_settings
+    from ferry.controller import agent
+    from ferry.kube.cri import CriClient
+    from ferry.store.url import open_store
+    from tests.kubedouble import KubeDouble
+
+    config, a, _ = nodes
+    settings = load_settings(config)
+    store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
+    cid = start(a, pod("counter", {}, tmp_path),
+                container(["/bin/sh", "-c", "i=0; while true; do echo $i; i=$((i+1)); sleep 0.1; done"]))
+    wait_until(lambda: len(lines(a, cid)) >= 5, 30, "the counter's output")
+    api = KubeDouble()
+    for name, target in (("counter-1", "counter"), ("ghost-1", "ghost")):
+        api.put("ferrycheckpoints", {"apiVersion": "ferry.dev/v1alpha1", "kind": "FerryCheckpoint",
+                                     "metadata": {"name": name, "namespace": "ml"},
+                                     "spec": {"pod": target, "node": "node-a", "final": False, "reason": "periodic"},
+                                     "status": {"phase": "Pending"}})
+    api.put("ferrycheckpoints", {"apiVersion": "ferry.dev/v1alpha1", "kind": "FerryCheckpoint",
+                                 "metadata": {"name": "elsewhere-1", "namespace": "ml"},
+                                 "spec": {"pod": "counter", "node": "node-b", "final": False, "reason": "periodic"}})
+
+    async def serve() -> None:
+        async with CriClient(a.endpoint) as cri:
+            for request in agent.pending_for(await api.list("ferrycheckpoints"), "node-a"):
+                await agent.carry_out(api, cri, store, request, tmp_path / "work")
+
+    asyncio.run(serve())
+    done = api.get("ferrycheckpoints", "ml", "counter-1")
+    assert done is not None and done["status"]["phase"] == "Succeeded", done
+    [entry] = done["status"]["containers"]
+    assert entry["job"] == "k8s.ml.counter.main" and entry["checkpoint"] in store.list_checkpoints(entry["job"])
+    ghost = api.get("ferrycheckpoints", "ml", "ghost-1")
+    assert ghost is not None and ghost["status"]["phase"] == "Failed" and "no running container" in \
+        ghost["status"]["message"]
+    elsewhere = api.get("ferrycheckpoints", "ml", "elsewhere-1")
+    assert elsewhere is not None and "status" not in elsewhere  # another node's agent's
+    seen = len(lines(a, cid))
+    wait_until(lambda: len(lines(a, cid)) > seen + 3, 30, "the counter to run on after a periodic checkpoint")
+    stop(a, cid, grace=1)  # sh as a pid 1 ignores SIGTERM

@@ -63,7 +63,7 @@ def make_node(name: str = "node-a", *, unschedulable: bool = False, taints: list
 
 
 def record(pod: str, created: float, phase: str = "Succeeded") -> CheckpointRecord:
-    return CheckpointRecord(namespace="ml", pod=pod, created=created, phase=phase)  # type: ignore[arg-type]
+    return CheckpointRecord(namespace="ml", pod=pod, created=created, phase=phase)
 
 
 def test_an_opt_in_without_the_runtime_class_is_marked_once_and_left_alone() -> None:

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     job_network: str = DEFAULT_RANGE
     node_netns: str = ""
     net_ip: str = ""
+    # Kubernetes: the node agent's containerd CRI socket, and the kubeconfig of the controller and
+    # agents (empty: the pod's service account, in the cluster)
+    cri_endpoint: str = "unix:///run/containerd/containerd.sock"
+    kubeconfig: str = ""
     keep_checkpoints: int = Field(default=0, ge=0)  # per job, newest kept; 0 keeps all (then unused chunks go)
     # node services: the checkpoints of a job that ended (succeeded, failed, killed) are deleted this
     # long after it ended, by its last node's checkpointer; 0 keeps them

@@ -11,6 +11,7 @@ A role may publish only what its work needs, and nothing else is allowed:
 - ``api``: sends user commands to the scheduler (``ferry.cmd.scheduler``), writes ops and the
   audit trail (``ferry.audit.>``), asks a node for logs; it can never command a node.
 - ``health`` and ``pricing``: node and price records, cluster events.
+- ``controller`` and ``podagent`` (Kubernetes: the controller, the node agents): cluster events.
 - ``checkpointer@N`` and ``migrator@N`` (one pair per node N): their own node's events, node
   record and consumers, and the progress of ops; nothing of another node. Where nodes come and
   go (a Kubernetes DaemonSet), the shared users ``checkpointer`` and ``migrator`` may speak for any
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from ferry.common import wire
 from ferry.common.errors import ConfigError
 
-CONTROL_ROLES = ("scheduler", "api", "health", "pricing")
+CONTROL_ROLES = ("scheduler", "api", "health", "pricing", "controller", "podagent")
 NODE_ROLES = ("checkpointer", "migrator")
 _BUCKETS = (wire.KV_JOBS, wire.KV_NODES, wire.KV_CHECKPOINTS, wire.KV_OPS, wire.KV_SERVICES, wire.KV_PRICES,
             wire.KV_GANGS)
@@ -121,6 +122,8 @@ def permissions(user: str) -> dict[str, dict[str, list[str]]]:
         pub += [_kv(wire.KV_NODES), "ferry.evt.cluster.>"]
     elif role == "pricing":
         pub += [_kv(wire.KV_PRICES), "ferry.evt.cluster.>"]
+    elif role in ("controller", "podagent"):
+        pub += ["ferry.evt.cluster.>"]
     elif role in NODE_ROLES and node:
         durable = f"{role}-{node}" if node != "*" else "*"
         pub += [f"ferry.evt.node.{node}.>", "ferry.progress.*",

@@ -21,7 +21,11 @@ from ferry.kube.annotations import RUNTIME_HANDLER
 from ferry.v1 import cri_pb2 as cri
 from ferry.v1 import cri_pb2_grpc as cri_grpc
 
-CRI_NAMESPACE = "k8s.io"  # containerd's namespace for everything the CRI plugin runs
+CRI_NAMESPACE = "k8s.io"
+# the labels a kubelet puts on every container it creates
+POD_NAME_LABEL = "io.kubernetes.pod.name"
+POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
+CONTAINER_NAME_LABEL = "io.kubernetes.container.name"  # containerd's namespace for everything the CRI plugin runs
 DEFAULT_RUNC_ROOT = "/run/containerd/runc"
 STATES = {cri.CONTAINER_CREATED: "created", cri.CONTAINER_RUNNING: "running", cri.CONTAINER_EXITED: "exited",
           cri.CONTAINER_UNKNOWN: "unknown"}
@@ -62,6 +66,7 @@ class ContainerSpec:
     working_dir: str = ""
 
     def config(self, pod: PodSpec) -> cri.ContainerConfig:
+        """As a kubelet writes it, with the labels by which it finds a pod's containers again."""
         mode = cri.NODE if pod.host_network else cri.POD
         namespaces = cri.NamespaceOption(network=mode, pid=cri.CONTAINER, ipc=cri.POD)
         return cri.ContainerConfig(
@@ -70,6 +75,7 @@ class ContainerSpec:
             envs=[cri.KeyValue(key=k, value=v) for k, v in self.env.items()],
             mounts=[cri.Mount(host_path=h, container_path=c, readonly=ro) for h, c, ro in self.mounts],
             log_path=f"{self.name}.log",
+            labels={POD_NAME_LABEL: pod.name, POD_NAMESPACE_LABEL: pod.namespace, CONTAINER_NAME_LABEL: self.name},
             linux=cri.LinuxContainerConfig(security_context=cri.LinuxContainerSecurityContext(
                 namespace_options=namespaces)))
 
@@ -171,6 +177,13 @@ class CriClient:
             "ContainerStatus", self._runtime.ContainerStatus,
             cri.ContainerStatusRequest(container_id=container_id, verbose=True))
         return container_info(r)
+
+    async def pod_containers(self, namespace: str, pod: str) -> list[str]:
+        """The containers of a pod, found by the labels its kubelet gave them."""
+        r: cri.ListContainersResponse = await self._call(
+            "ListContainers", self._runtime.ListContainers, cri.ListContainersRequest(filter=cri.ContainerFilter(
+                label_selector={POD_NAME_LABEL: pod, POD_NAMESPACE_LABEL: namespace})))
+        return [c.id for c in r.containers]
 
     async def containers(self, pod_id: str = "") -> list[str]:
         r: cri.ListContainersResponse = await self._call(

@@ -94,14 +94,32 @@ def mark_consumed(store: CheckpointStore, job: str, checkpoint: str) -> None:
     store.backend.put(consumed_key(job, checkpoint), b"")
 
 
-def resumable(store: CheckpointStore, job: str) -> Manifest | None:
-    """``restore-from: auto``: the job's newest final checkpoint, unless a container has continued
-    from it already (then the job's work went on from there and this one must start anew)."""
-    finals = [m for m in (store.read_manifest(job, ck) for ck in store.list_checkpoints(job)) if m.meta.get("final")]
-    if not finals:
+def resumable_key(job: str, checkpoint: str) -> str:
+    """Where the controller records that a (periodic) checkpoint may be continued from: its
+    container's node was lost, so no final checkpoint will come."""
+    return f"pods/resumable/{job}/{checkpoint}"
+
+
+def make_resumable(store: CheckpointStore, job: str) -> str | None:
+    """The job's newest checkpoint made resumable (``resumable_key``); its id, or None when it has none."""
+    manifests = [store.read_manifest(job, ck) for ck in store.list_checkpoints(job)]
+    if not manifests:
         return None
-    newest_final = max(finals, key=lambda m: m.created)
-    return None if store.backend.exists(consumed_key(job, newest_final.checkpoint)) else newest_final
+    newest_one = max(manifests, key=lambda m: m.created)
+    store.backend.put(resumable_key(job, newest_one.checkpoint), b"")
+    return newest_one.checkpoint
+
+
+def resumable(store: CheckpointStore, job: str) -> Manifest | None:
+    """``restore-from: auto``: the job's newest checkpoint that may be continued from (a final one,
+    or one the controller made resumable when its node was lost), unless a container has continued
+    from it already (then the job's work went on from there and this one must start anew)."""
+    candidates = [m for m in (store.read_manifest(job, ck) for ck in store.list_checkpoints(job))
+                  if m.meta.get("final") or store.backend.exists(resumable_key(job, m.checkpoint))]
+    if not candidates:
+        return None
+    newest_one = max(candidates, key=lambda m: m.created)
+    return None if store.backend.exists(consumed_key(job, newest_one.checkpoint)) else newest_one
 
 
 def _action_script(upper: Path | None, images: Path) -> Path:

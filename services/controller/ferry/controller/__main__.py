@@ -1,0 +1,3 @@
+from ferry.controller.service import main
+
+main()

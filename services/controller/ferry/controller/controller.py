@@ -1,0 +1,110 @@
+"""One pass of the controller: what the API shows, the decisions of ``ferry.kube.reconcile``, and
+those carried out. The service (``ferry.controller.service``) runs a pass whenever a watch sees a
+change, and when the earliest time-based decision is due (a periodic checkpoint, a node's grace)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.common.errors import AlreadyExistsError
+from ferry.controller.api import CHECKPOINT_KIND, GROUP, VERSION, KubeApi
+from ferry.kube.reconcile import (
+    CONDITION,
+    Action,
+    Checkpoint,
+    CheckpointRecord,
+    MakeResumable,
+    Recreate,
+    Warn,
+    node_actions,
+    pod_actions,
+    workload_actions,
+)
+from ferry.store.store import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def record_of(obj: dict[str, Any]) -> CheckpointRecord:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    created = obj["metadata"].get("creationTimestamp")
+    from datetime import datetime
+
+    ts = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0
+    return CheckpointRecord(namespace=obj["metadata"].get("namespace", "default"), pod=spec.get("pod", ""),
+                            created=ts, phase=status.get("phase") or "Pending", final=bool(spec.get("final")))
+
+
+def _owner_key(obj: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(o.get("kind", ""), o.get("name", "")) for o in obj["metadata"].get("ownerReferences") or []}
+
+
+def workload_pods(workload: dict[str, Any], pods: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods of the job a Kueue Workload stands for: owned by the Workload's owner."""
+    owners = _owner_key(workload)
+    namespace = workload["metadata"].get("namespace")
+    return [p for p in pods if p["metadata"].get("namespace") == namespace and _owner_key(p) & owners]
+
+
+async def decide(api: KubeApi, now: float) -> list[Action]:
+    pods, nodes = await api.list("pods"), await api.list("nodes")
+    workloads, requests = await api.list("workloads"), await api.list("ferrycheckpoints")
+    records = [record_of(r) for r in requests]
+    actions: list[Action] = []
+    for pod in pods:
+        actions += pod_actions(pod, records, now)
+    for node in nodes:
+        actions += node_actions(node, pods, records, now)
+    for workload in workloads:
+        actions += workload_actions(workload, workload_pods(workload, pods))
+    return actions
+
+
+def checkpoint_request(action: Checkpoint, now: float) -> dict[str, Any]:
+    """The FerryCheckpoint object that asks ``action.node``'s agent for the checkpoint."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": CHECKPOINT_KIND,
+            "metadata": {"name": f"{action.pod}-{int(now)}"[:253], "namespace": action.namespace,
+                         "labels": {"ferry.dev/pod": action.pod[:63], "ferry.dev/node": action.node[:63]}},
+            "spec": {"pod": action.pod, "node": action.node, "final": action.final, "reason": action.reason},
+            "status": {"phase": "Pending"}}
+
+
+async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequence[Action], now: float) -> None:
+    from ferry.kube.podimages import make_resumable
+
+    for action in actions:
+        log.info("decision: %s", action.model_dump_json())
+        if isinstance(action, Checkpoint):
+            try:
+                await api.create("ferrycheckpoints", action.namespace, checkpoint_request(action, now))
+            except AlreadyExistsError:
+                pass  # asked already in this second
+        elif isinstance(action, Warn):
+            await api.event(action.namespace, action.pod, action.reason, action.message)
+            await api.patch_status("pods", action.namespace, action.pod, {"conditions": [
+                {"type": CONDITION, "status": "False", "reason": action.reason, "message": action.message,
+                 "lastTransitionTime": _iso(now)}]})
+        elif isinstance(action, MakeResumable):
+            if store is None:
+                log.warning("no store: cannot make %s resumable", action.job)
+                continue
+            made = make_resumable(store, action.job)
+            log.info("job %s: %s", action.job, f"resumable from {made}" if made else "has no checkpoint")
+        elif isinstance(action, Recreate):
+            await api.delete("pods", action.namespace, action.pod)
+            await api.create("pods", action.namespace, action.manifest)
+            await api.event(action.namespace, action.pod, "FerryRecreated",
+                            "its node was lost: created again, restoring from its newest checkpoint", warning=False)
+
+
+def next_due(pods: Sequence[dict[str, Any]], default_s: float = 30.0) -> float:
+    """Seconds until a time-based decision may change: the periodic checks and node graces are
+    re-evaluated at least this often (a watch wakes the controller for everything else)."""
+    return default_s
