@@ -36,7 +36,10 @@ NOMAD = DEPLOY / "nomad"
 IMAGE = "ghcr.io/ferry-project/ferry:0.1.0"
 CONTROL = ("api", "scheduler", "health", "pricing")
 NODE = ("checkpointer", "migrator")
-SERVICES = CONTROL + NODE
+# Kubernetes only: the controller of Kubernetes' own pods, and its node agent
+KUBE_CONTROL = ("controller",)
+KUBE_NODE = ("controller.podagent",)
+SERVICES = CONTROL + NODE + KUBE_CONTROL + KUBE_NODE
 NAMESPACE = "ferry"
 REAL_VARS = {f"FERRY_{name.upper()}" for name in Settings.model_fields} | {
     "FERRY_CONFIG",
@@ -47,7 +50,7 @@ MODULE_RE = re.compile(r"\bpython3?\s+-m\s+(ferry(?:\.\w+)+)")
 NOMAD_MODULE_RE = re.compile(r'"-m",\s*"(ferry(?:\.\w+)+)"')
 VAR_RE = re.compile(r"\bFERRY_[A-Z0-9_]+")
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
-CLUSTER_SCOPED = ("Namespace",)
+CLUSTER_SCOPED = ("Namespace", "CustomResourceDefinition", "RuntimeClass", "ClusterRole", "ClusterRoleBinding")
 
 Doc = dict[str, Any]
 
@@ -192,10 +195,11 @@ def test_the_expected_objects_are_there() -> None:
     assert the("StatefulSet", "minio") and the("Service", "minio") and the("Job", "minio-create-bucket")
     assert the("ConfigMap", "ferry-config") and the("Secret", "ferry-secrets")
     assert the("Service", "ferry-api")
-    for service in CONTROL:
+    for service in CONTROL + KUBE_CONTROL:
         deployment = the("Deployment", f"ferry-{service}")
         assert deployment["spec"]["replicas"] == 1
-    assert the("DaemonSet", "ferry-node")
+    assert the("DaemonSet", "ferry-node") and the("DaemonSet", "ferry-podagent")
+    assert the("CustomResourceDefinition", "ferrycheckpoints.ferry.dev") and the("RuntimeClass", "ferry")
 
 
 def test_selectors_match_pod_labels() -> None:
@@ -312,7 +316,7 @@ def test_every_service_is_deployed_once_by_the_ferry_image() -> None:
         assert set(services) <= set(SERVICES), f"{container['name']} runs {services}"
         deployed += services
     assert sorted(deployed) == sorted(SERVICES)
-    for service in CONTROL:
+    for service in CONTROL + KUBE_CONTROL:
         (container,) = containers(the("Deployment", f"ferry-{service}"))
         assert container["command"] == ["python", "-m", f"ferry.{service}"]
 
@@ -400,7 +404,7 @@ def test_resources_are_set() -> None:
 
 
 def test_control_plane_runs_unprivileged() -> None:
-    for service in CONTROL:
+    for service in CONTROL + KUBE_CONTROL:
         deployment = the("Deployment", f"ferry-{service}")
         assert pod_spec(deployment)["securityContext"]["runAsNonRoot"] is True
         assert not pod_spec(deployment).get("hostPID")
