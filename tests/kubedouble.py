@@ -61,6 +61,19 @@ class KubeDouble:
         if self.objects[kind].pop((namespace, name), None) is not None:
             self._changed(kind)
 
+    async def patch(self, kind: Kind, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        def merge(into: dict[str, Any], patch: dict[str, Any]) -> None:  # RFC 7386
+            for key, value in patch.items():
+                if value is None:
+                    into.pop(key, None)
+                elif isinstance(value, dict) and isinstance(into.get(key), dict):
+                    merge(into[key], value)
+                else:
+                    into[key] = copy.deepcopy(value)
+
+        merge(self.objects[kind][(namespace, name)], patch)
+        self._changed(kind)
+
     async def patch_status(self, kind: Kind, namespace: str, name: str, status: dict[str, Any]) -> None:
         obj = self.objects[kind][(namespace, name)]
         current = obj.setdefault("status", {})

@@ -15,7 +15,7 @@ from ferry.kube.podimages import resumable
 from ferry.store.local import LocalBackend
 from ferry.store.store import CheckpointStore
 from tests.kubedouble import KubeDouble
-from tests.unit.test_kube_reconcile import NOW, make_node, make_pod, workload
+from tests.unit.test_kube_reconcile import NOW, isvc, make_node, make_pod, replica, workload
 
 
 def run_pass(api: KubeDouble, store: CheckpointStore | None = None, now: float | None = None) -> list[Any]:
@@ -85,3 +85,22 @@ def test_a_kueue_eviction_is_said_on_the_jobs_pods_that_lose_work() -> None:
     api.put("pods", make_pod("other", annotations={"ferry.dev/checkpoint-every": "1h"}))  # not the Job's
     run_pass(api, now=0.0)  # before the pods started: no periodic checkpoint is due
     assert [(e["pod"], e["reason"]) for e in api.events] == [("loses", "FerryWorkLost")]
+
+
+def test_a_warm_checkpoint_of_an_inference_service_reaches_its_predictor() -> None:
+    api = KubeDouble()
+    api.put("inferenceservices", isvc())
+    api.put("pods", replica("resnet-b", is_ready=True))
+    run_pass(api, now=0.0)
+    [request] = api.objects["ferrycheckpoints"].values()
+    assert request["spec"]["reason"] == "warm" and request["spec"]["pod"] == "resnet-b"
+    name = request["metadata"]["name"]
+    asyncio.run(api.patch_status("ferrycheckpoints", "ml", name, {"phase": "Succeeded", "containers": [
+        {"container": "main", "job": "k8s.ml.resnet-b.main", "checkpoint": "ck-7"}]}))
+    run_pass(api, now=1.0)
+    service = api.get("inferenceservices", "ml", "resnet")
+    assert service is not None
+    assert service["spec"]["predictor"]["annotations"] == {"ferry.dev/restore-from": "k8s.ml.resnet-b.main/ck-7"}
+    assert service["spec"]["predictor"]["runtimeClassName"] == "ferry"  # the rest of the spec kept
+    run_pass(api, now=2.0)
+    assert len(api.objects["ferrycheckpoints"]) == 1  # warm: nothing more to ask

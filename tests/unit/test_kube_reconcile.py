@@ -2,8 +2,9 @@
 checks against the API's own schemas (1.31) before they are used: a misconfigured opt-in is
 marked once and left alone, periodic checkpoints come when due and not while one is pending, a
 going node's pods that would lose their work are checkpointed, a lost node's pods are made
-resumable and a pod nobody owns is recreated unbound to restore, and a Kueue eviction of pods
-without checkpoint-on-stop is said."""
+resumable and a pod nobody owns is recreated unbound to restore, a Kueue eviction of pods
+without checkpoint-on-stop is said, and a KServe InferenceService that asks for warm starts gets
+one checkpoint of a ready replica that its new replicas then restore from."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from ferry.kube.reconcile import (
     CheckpointRecord,
     MakeResumable,
     Recreate,
+    WarmStart,
     Warn,
+    isvc_actions,
     node_actions,
     pod_actions,
     replacement,
@@ -149,3 +152,43 @@ def test_a_kueue_eviction_of_pods_that_would_lose_their_work_is_said() -> None:
     assert isinstance(warn, Warn) and warn.pod == "loses" and warn.reason == "FerryWorkLost"
     assert "Preempted" in warn.message and "checkpoint-on-stop" in warn.message
     assert workload_actions(workload(evicted=False), [keeps, loses]) == []
+
+
+def isvc(warm: bool = True, restore_from: str | None = None) -> dict[str, Any]:
+    """A KServe InferenceService (serving.kserve.io/v1beta1). KServe's SDK pins protobuf below 7,
+    which Ferry's gRPC code needs, so its shape follows KServe's API reference instead of the SDK."""
+    predictor: dict[str, Any] = {"runtimeClassName": "ferry", "model": {"modelFormat": {"name": "pytorch"},
+                                                                        "storageUri": "pvc://models/resnet"}}
+    if restore_from:
+        predictor["annotations"] = {"ferry.dev/restore-from": restore_from}
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": "resnet", "namespace": "ml",
+                         "annotations": {"ferry.dev/warm-start": "true"} if warm else {}},
+            "spec": {"predictor": predictor}}
+
+
+def replica(name: str, is_ready: bool) -> dict[str, Any]:
+    pod = make_pod(name, annotations={"ferry.dev/checkpoint-on-stop": "true"},
+                   conditions=[{"type": "Ready", "status": "True" if is_ready else "False"}])
+    pod["metadata"]["labels"] = {"serving.kserve.io/inferenceservice": "resnet"}
+    return valid(pod)
+
+
+def warm_record(pod: str, phase: str, refs: list[str]) -> CheckpointRecord:
+    return CheckpointRecord(namespace="ml", pod=pod, created=NOW - 10, phase=phase,
+                            reason="warm", refs=refs)
+
+
+def test_an_inference_service_gets_one_warm_checkpoint_and_then_its_replicas_restore_from_it() -> None:
+    loading, up = replica("resnet-a", is_ready=False), replica("resnet-b", is_ready=True)
+    [ask] = isvc_actions(isvc(), [loading, up], [])
+    assert isinstance(ask, Checkpoint) and ask.pod == "resnet-b" and ask.reason == "warm" and not ask.final
+    assert isvc_actions(isvc(), [loading, up], [warm_record("resnet-b", "Pending", [])]) == []
+    [warm] = isvc_actions(isvc(), [up], [warm_record("resnet-b", "Succeeded", ["k8s.ml.resnet-b.main/ck-1"])])
+    assert isinstance(warm, WarmStart) and warm.restore_from == "k8s.ml.resnet-b.main/ck-1"
+    assert isvc_actions(isvc(restore_from="k8s.ml.resnet-b.main/ck-1"), [up], []) == []  # warm already
+    assert isvc_actions(isvc(warm=False), [up], []) == []  # not asked for
+    assert isvc_actions(isvc(), [loading], []) == []  # no ready replica yet
+    # a failed warm checkpoint is tried again
+    [again] = isvc_actions(isvc(), [up], [warm_record("resnet-b", "Failed", [])])
+    assert isinstance(again, Checkpoint)

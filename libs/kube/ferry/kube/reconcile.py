@@ -15,7 +15,10 @@ creates it again. What is decided here:
   checkpoint of each opted-in pod that would otherwise lose its work (no checkpoint-on-stop);
 - a node that is lost (NotReady longer than the grace) has each opted-in pod's newest checkpoint
   made resumable, and a pod no controller owns is recreated, without its node, restoring from it;
-- a Kueue Workload evicted (preempted) whose pods would lose their work is marked, as above.
+- a Kueue Workload evicted (preempted) whose pods would lose their work is marked, as above;
+- a KServe InferenceService with ``ferry.dev/warm-start: "true"`` gets a checkpoint of its first
+  ready replica (``reason: warm``), and then its new replicas restore from it instead of loading
+  their model again (its predictor's annotations name the checkpoint).
 """
 
 from __future__ import annotations
@@ -86,7 +89,17 @@ class Recreate(BaseModel):
     manifest: dict[str, Any]
 
 
-Action = Checkpoint | Warn | MakeResumable | Recreate
+class WarmStart(BaseModel):
+    """Have an InferenceService's new replicas restore from a warm checkpoint of a ready one:
+    its predictor's pod annotations gain ``ferry.dev/restore-from``."""
+
+    kind: Literal["warm_start"] = "warm_start"
+    namespace: str
+    name: str
+    restore_from: str
+
+
+Action = Checkpoint | Warn | MakeResumable | Recreate | WarmStart
 
 
 class CheckpointRecord(BaseModel):
@@ -97,6 +110,8 @@ class CheckpointRecord(BaseModel):
     created: float
     phase: Literal["Pending", "Succeeded", "Failed"]
     final: bool = False
+    reason: str = ""
+    refs: list[str] = []  # JOB/CHECKPOINT of each container it checkpointed (when it succeeded)
 
 
 # -- reading objects ----------------------------------------------------------------------------------
@@ -272,3 +287,44 @@ def replacement(pod: Obj) -> dict[str, Any]:
     spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"}
     spec["runtimeClassName"] = RUNTIME_HANDLER
     return {"apiVersion": "v1", "kind": "Pod", "metadata": keep, "spec": spec}
+
+
+# -- KServe ---------------------------------------------------------------------------------------------
+
+WARM_START = PREFIX + "warm-start"
+ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe's label on an InferenceService's pods
+WARM = "warm"
+
+
+def ready(pod: Obj) -> bool:
+    c = condition(pod, "Ready")
+    return running(pod) and c is not None and c.get("status") == "True"
+
+
+def isvc_actions(isvc: Obj, pods: Sequence[Obj], checkpoints: Sequence[CheckpointRecord]) -> list[Action]:
+    """An InferenceService that asks for warm starts: a checkpoint of a ready replica once, then its
+    predictor's replicas restore from it. A replica restored from it is ready as soon as it runs,
+    so the model is loaded once per checkpoint, not once per replica."""
+    if not is_true(annotations_of(isvc).get(WARM_START)):
+        return []
+    meta = _meta(isvc)
+    namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+    predictor = ((isvc.get("spec") or {}).get("predictor") or {})
+    if (predictor.get("annotations") or {}).get(RESTORE_FROM):
+        return []  # warm already
+    mine = [p for p in pods if _meta(p).get("namespace") == namespace
+            and (_meta(p).get("labels") or {}).get(ISVC_LABEL) == name]
+    names = {_meta(p).get("name") for p in mine}
+    warm = [c for c in checkpoints if c.namespace == namespace and c.pod in names and c.reason == WARM]
+    done = [c for c in warm if c.phase == "Succeeded" and len(c.refs) == 1]
+    if done:
+        newest = max(done, key=lambda c: c.created)
+        return [WarmStart(namespace=namespace, name=name, restore_from=newest.refs[0])]
+    if any(c.phase == "Pending" for c in warm):
+        return []
+    candidates = [p for p in mine if ready(p) and has_runtime(p)]
+    if not candidates:
+        return []
+    pod = candidates[0]
+    return [Checkpoint(namespace=namespace, pod=_meta(pod).get("name", ""),
+                       node=(pod.get("spec") or {}).get("nodeName", ""), reason=WARM)]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 
-Kind = Literal["pods", "nodes", "workloads", "ferrycheckpoints"]
-KINDS: tuple[Kind, ...] = ("pods", "nodes", "workloads", "ferrycheckpoints")
+Kind = Literal["pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices"]
+KINDS: tuple[Kind, ...] = ("pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices")
 GROUP = "ferry.dev"
 VERSION = "v1alpha1"
 CHECKPOINT_KIND = "FerryCheckpoint"
@@ -27,6 +27,9 @@ class KubeApi(Protocol):
 
     async def delete(self, kind: Kind, namespace: str, name: str) -> None:
         """Delete it now (no grace: its node is lost); a missing object is fine."""
+
+    async def patch(self, kind: Kind, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge ``patch`` into the object (a JSON merge patch)."""
 
     async def patch_status(self, kind: Kind, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge ``status`` into the object's status (for pods: ``conditions`` entries by type)."""

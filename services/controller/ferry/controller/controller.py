@@ -11,6 +11,7 @@ from typing import Any
 
 from ferry.common.errors import AlreadyExistsError
 from ferry.controller.api import CHECKPOINT_KIND, GROUP, VERSION, KubeApi
+from ferry.kube.annotations import RESTORE_FROM
 from ferry.kube.reconcile import (
     CONDITION,
     Action,
@@ -18,7 +19,9 @@ from ferry.kube.reconcile import (
     CheckpointRecord,
     MakeResumable,
     Recreate,
+    WarmStart,
     Warn,
+    isvc_actions,
     node_actions,
     pod_actions,
     workload_actions,
@@ -38,8 +41,10 @@ def record_of(obj: dict[str, Any]) -> CheckpointRecord:
     from datetime import datetime
 
     ts = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0
+    refs = [f"{c['job']}/{c['checkpoint']}" for c in status.get("containers") or [] if "job" in c and "checkpoint" in c]
     return CheckpointRecord(namespace=obj["metadata"].get("namespace", "default"), pod=spec.get("pod", ""),
-                            created=ts, phase=status.get("phase") or "Pending", final=bool(spec.get("final")))
+                            created=ts, phase=status.get("phase") or "Pending", final=bool(spec.get("final")),
+                            reason=spec.get("reason", ""), refs=refs)
 
 
 def _owner_key(obj: dict[str, Any]) -> set[tuple[str, str]]:
@@ -64,6 +69,8 @@ async def decide(api: KubeApi, now: float) -> list[Action]:
         actions += node_actions(node, pods, records, now)
     for workload in workloads:
         actions += workload_actions(workload, workload_pods(workload, pods))
+    for isvc in await api.list("inferenceservices"):
+        actions += isvc_actions(isvc, pods, records)
     return actions
 
 
@@ -97,6 +104,9 @@ async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequen
                 continue
             made = make_resumable(store, action.job)
             log.info("job %s: %s", action.job, f"resumable from {made}" if made else "has no checkpoint")
+        elif isinstance(action, WarmStart):
+            await api.patch("inferenceservices", action.namespace, action.name,
+                            {"spec": {"predictor": {"annotations": {RESTORE_FROM: action.restore_from}}}})
         elif isinstance(action, Recreate):
             await api.delete("pods", action.namespace, action.pod)
             await api.create("pods", action.namespace, action.manifest)

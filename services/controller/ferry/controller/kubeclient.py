@@ -17,6 +17,7 @@ from ferry.common.errors import AlreadyExistsError
 from ferry.controller.api import GROUP, VERSION, Kind
 
 _CUSTOM = {"workloads": ("kueue.x-k8s.io", "v1beta1", "workloads"),
+           "inferenceservices": ("serving.kserve.io", "v1beta1", "inferenceservices"),
            "ferrycheckpoints": (GROUP, VERSION, "ferrycheckpoints")}
 
 
@@ -50,8 +51,8 @@ class KubeClient:
         try:
             found = await self._lister(kind)()
         except ApiException as exc:
-            if exc.status == 404 and kind == "workloads":
-                return []  # Kueue is not installed
+            if exc.status == 404 and kind in ("workloads", "inferenceservices"):
+                return []  # Kueue or KServe is not installed
             raise
         if isinstance(found, dict):
             return list(found.get("items") or [])
@@ -71,7 +72,8 @@ class KubeClient:
                         return  # a kind this cluster does not have (Kueue's)
                     await asyncio.sleep(5)
 
-        tasks = [asyncio.create_task(follow(k)) for k in ("pods", "nodes", "workloads", "ferrycheckpoints")]
+        kinds: tuple[Kind, ...] = ("pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices")
+        tasks = [asyncio.create_task(follow(k)) for k in kinds]
         try:
             while True:
                 yield await queue.get()
@@ -99,6 +101,10 @@ class KubeClient:
             else:
                 group, version, plural = _CUSTOM[kind]
                 await self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+
+    async def patch(self, kind: Kind, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        group, version, plural = _CUSTOM[kind]  # custom objects take a JSON merge patch
+        await self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
 
     async def patch_status(self, kind: Kind, namespace: str, name: str, status: dict[str, Any]) -> None:
         if kind == "pods":  # a strategic merge: conditions merge by type
