@@ -38,7 +38,7 @@ def add_pod_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     actions = p.add_subparsers(dest="pod_cmd", metavar="ACTION", required=True)
     c = actions.add_parser("checkpoint", parents=[common], help="checkpoint a running container into the store")
     c.add_argument("container", help="the container's id (crictl ps, or the pod's status)")
-    c.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"containerd's CRI socket (default {DEFAULT_ENDPOINT})")
+    c.add_argument("--endpoint", help=f"containerd's CRI socket (default: FERRY_CRI_ENDPOINT, else {DEFAULT_ENDPOINT})")
     c.add_argument("--stop", action="store_true", help="end the container with the dump (before its pod goes); "
                    "without it the container runs on")
     c.add_argument("--job", help="the job id in the store (default: the pod's ferry.dev/job, else "
@@ -103,8 +103,12 @@ def _checkpoint(args: argparse.Namespace) -> int:
     from ferry.kube.cri import CriClient
     from ferry.kube.podimages import checkpoint
 
+    from ferry.common.config import load_settings
+
+    endpoint = args.endpoint or load_settings(args.config).cri_endpoint
+
     async def look() -> tuple[str, str, dict[str, str]]:
-        async with CriClient(args.endpoint) as cri:
+        async with CriClient(endpoint) as cri:
             info = await cri.container(args.container)
         if info.state != "running":
             raise UsageError(f"container {args.container} is {info.state}: only a running container checkpoints")

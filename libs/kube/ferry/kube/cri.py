@@ -133,6 +133,9 @@ class CriClient:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFoundError(f"{what}: {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise CriError(f"cannot reach containerd's CRI at {self.endpoint}: is containerd running, with its "
+                               "CRI plugin? (--endpoint or FERRY_CRI_ENDPOINT names its socket)") from None
             raise CriError(f"{what} at {self.endpoint}: {exc.details() or exc.code().name}") from None
 
     async def version(self) -> str:
