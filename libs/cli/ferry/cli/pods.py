@@ -98,12 +98,11 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
+    from ferry.common.config import load_settings
     from ferry.common.errors import UsageError
     from ferry.kube.annotations import job_of
     from ferry.kube.cri import CriClient
     from ferry.kube.podimages import checkpoint
-
-    from ferry.common.config import load_settings
 
     endpoint = args.endpoint or load_settings(args.config).cri_endpoint
 
