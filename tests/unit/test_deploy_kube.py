@@ -71,7 +71,7 @@ def test_rbac_grants_only_what_the_code_calls() -> None:
         *(("", "pods", v) for v in ("get", "list", "watch", "create", "delete")), ("", "pods/status", "patch"),
         *(("", "nodes", v) for v in ("get", "list", "watch")), ("", "events", "create"),
         *(("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch")),
-        *(("ferry.dev", "ferrycheckpoints", v) for v in ("get", "list", "watch", "create")),
+        *(("ferry.dev", "ferrycheckpoints", v) for v in ("get", "list", "watch", "create", "delete")),
         *(("serving.kserve.io", "inferenceservices", v) for v in ("get", "list", "watch", "patch"))}
     agent = rules("ferry-podagent")
     assert agent == {*(("ferry.dev", "ferrycheckpoints", v) for v in ("get", "list", "watch")),

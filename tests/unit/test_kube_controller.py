@@ -104,3 +104,15 @@ def test_a_warm_checkpoint_of_an_inference_service_reaches_its_predictor() -> No
     assert service["spec"]["predictor"]["runtimeClassName"] == "ferry"  # the rest of the spec kept
     run_pass(api, now=2.0)
     assert len(api.objects["ferrycheckpoints"]) == 1  # warm: nothing more to ask
+
+
+def test_old_checkpoint_records_are_deleted_from_the_api() -> None:
+    api = KubeDouble()
+    for i in range(7):
+        api.put("ferrycheckpoints", {"apiVersion": "ferry.dev/v1alpha1", "kind": "FerryCheckpoint",
+                                     "metadata": {"name": f"t-{i}", "namespace": "ml",
+                                                  "creationTimestamp": f"2026-12-01T00:0{i}:00Z"},
+                                     "spec": {"pod": "t", "node": "n", "reason": "periodic"},
+                                     "status": {"phase": "Succeeded"}})
+    run_pass(api, now=0.0)
+    assert sorted(name for _, name in api.objects["ferrycheckpoints"]) == ["t-2", "t-3", "t-4", "t-5", "t-6"]

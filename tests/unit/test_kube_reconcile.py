@@ -17,6 +17,7 @@ import pytest
 from ferry.kube.reconcile import (
     Checkpoint,
     CheckpointRecord,
+    Forget,
     MakeResumable,
     Recreate,
     WarmStart,
@@ -24,6 +25,7 @@ from ferry.kube.reconcile import (
     isvc_actions,
     node_actions,
     pod_actions,
+    prune,
     replacement,
     workload_actions,
 )
@@ -192,3 +194,15 @@ def test_an_inference_service_gets_one_warm_checkpoint_and_then_its_replicas_res
     # a failed warm checkpoint is tried again
     [again] = isvc_actions(isvc(), [up], [warm_record("resnet-b", "Failed", [])])
     assert isinstance(again, Checkpoint)
+
+
+def test_ended_checkpoint_records_are_pruned_to_the_newest_few_per_pod() -> None:
+    def rec(pod: str, i: int, phase: str = "Succeeded", reason: str = "periodic") -> CheckpointRecord:
+        return CheckpointRecord(namespace="ml", pod=pod, created=NOW - 600 * i, phase=phase,  # type: ignore[arg-type]
+                                reason=reason, name=f"{pod}-{i}")
+
+    records = [rec("a", i) for i in range(8)] + [rec("a", 9, "Pending"), rec("a", 10, reason="warm")]
+    records += [rec("b", i) for i in range(3)]
+    forgotten = prune(records, keep=5)
+    assert all(isinstance(f, Forget) for f in forgotten)
+    assert sorted(f.name for f in forgotten) == ["a-5", "a-6", "a-7"]  # type: ignore[union-attr]

@@ -49,6 +49,7 @@ SPOT_TAINTS = ("aws-node-termination-handler/spot-itn", "aws-node-termination-ha
                "node.kubernetes.io/out-of-service")
 CONDITION = "FerryReady"  # the pod condition the controller sets when it leaves a pod alone, and why
 LOST_AFTER_S = 60.0  # a node NotReady this long is lost
+WARM = "warm"  # the reason of an InferenceService's warm checkpoint
 
 
 class Checkpoint(BaseModel):
@@ -99,7 +100,30 @@ class WarmStart(BaseModel):
     restore_from: str
 
 
-Action = Checkpoint | Warn | MakeResumable | Recreate | WarmStart
+class Forget(BaseModel):
+    """Delete a FerryCheckpoint object that has ended (the checkpoint stays in the store)."""
+
+    kind: Literal["forget"] = "forget"
+    namespace: str
+    name: str
+
+
+Action = Checkpoint | Warn | MakeResumable | Recreate | WarmStart | Forget
+KEEP_RECORDS = 5  # ended FerryCheckpoint objects kept per pod
+
+
+def prune(records: Sequence[CheckpointRecord], keep: int = KEEP_RECORDS) -> list[Action]:
+    """The ended FerryCheckpoint objects of each pod beyond its newest ``keep`` (periodic ones would
+    otherwise pile up: 144 a day at ten minutes); warm ones stay, as their InferenceService names them."""
+    by_pod: dict[tuple[str, str], list[CheckpointRecord]] = {}
+    for r in records:
+        if r.phase != "Pending" and r.reason != WARM and r.name:
+            by_pod.setdefault((r.namespace, r.pod), []).append(r)
+    actions: list[Action] = []
+    for ended in by_pod.values():
+        ended.sort(key=lambda r: r.created, reverse=True)
+        actions += [Forget(namespace=r.namespace, name=r.name) for r in ended[keep:]]
+    return actions
 
 
 class CheckpointRecord(BaseModel):
@@ -112,6 +136,7 @@ class CheckpointRecord(BaseModel):
     final: bool = False
     reason: str = ""
     refs: list[str] = []  # JOB/CHECKPOINT of each container it checkpointed (when it succeeded)
+    name: str = ""  # the FerryCheckpoint object's
 
 
 # -- reading objects ----------------------------------------------------------------------------------
@@ -293,7 +318,6 @@ def replacement(pod: Obj) -> dict[str, Any]:
 
 WARM_START = PREFIX + "warm-start"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe's label on an InferenceService's pods
-WARM = "warm"
 
 
 def ready(pod: Obj) -> bool:

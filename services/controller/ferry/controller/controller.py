@@ -17,6 +17,7 @@ from ferry.kube.reconcile import (
     Action,
     Checkpoint,
     CheckpointRecord,
+    Forget,
     MakeResumable,
     Recreate,
     WarmStart,
@@ -24,6 +25,7 @@ from ferry.kube.reconcile import (
     isvc_actions,
     node_actions,
     pod_actions,
+    prune,
     workload_actions,
 )
 from ferry.store.store import CheckpointStore
@@ -44,7 +46,7 @@ def record_of(obj: dict[str, Any]) -> CheckpointRecord:
     refs = [f"{c['job']}/{c['checkpoint']}" for c in status.get("containers") or [] if "job" in c and "checkpoint" in c]
     return CheckpointRecord(namespace=obj["metadata"].get("namespace", "default"), pod=spec.get("pod", ""),
                             created=ts, phase=status.get("phase") or "Pending", final=bool(spec.get("final")),
-                            reason=spec.get("reason", ""), refs=refs)
+                            reason=spec.get("reason", ""), refs=refs, name=obj["metadata"]["name"])
 
 
 def _owner_key(obj: dict[str, Any]) -> set[tuple[str, str]]:
@@ -71,6 +73,7 @@ async def decide(api: KubeApi, now: float) -> list[Action]:
         actions += workload_actions(workload, workload_pods(workload, pods))
     for isvc in await api.list("inferenceservices"):
         actions += isvc_actions(isvc, pods, records)
+    actions += prune(records)
     return actions
 
 
@@ -104,6 +107,8 @@ async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequen
                 continue
             made = make_resumable(store, action.job)
             log.info("job %s: %s", action.job, f"resumable from {made}" if made else "has no checkpoint")
+        elif isinstance(action, Forget):
+            await api.delete("ferrycheckpoints", action.namespace, action.name)
         elif isinstance(action, WarmStart):
             await api.patch("inferenceservices", action.namespace, action.name,
                             {"spec": {"predictor": {"annotations": {RESTORE_FROM: action.restore_from}}}})
