@@ -198,7 +198,7 @@ def test_an_inference_service_gets_one_warm_checkpoint_and_then_its_replicas_res
 
 def test_ended_checkpoint_records_are_pruned_to_the_newest_few_per_pod() -> None:
     def rec(pod: str, i: int, phase: str = "Succeeded", reason: str = "periodic") -> CheckpointRecord:
-        return CheckpointRecord(namespace="ml", pod=pod, created=NOW - 600 * i, phase=phase,  # type: ignore[arg-type]
+        return CheckpointRecord(namespace="ml", pod=pod, created=NOW - 600 * i, phase=phase,
                                 reason=reason, name=f"{pod}-{i}")
 
     records = [rec("a", i) for i in range(8)] + [rec("a", 9, "Pending"), rec("a", 10, reason="warm")]
