@@ -114,6 +114,9 @@ class Containerd:
                 for cid in await cri.containers():
                     await cri.stop_container(cid)
                     await cri.remove_container(cid)
+                for pod_id in await cri.pods():  # their pause processes too
+                    await cri.stop_pod(pod_id)
+                    await cri.remove_pod(pod_id)
 
         try:
             asyncio.run(remove_all())

@@ -343,6 +343,117 @@ class RemovePodSandboxResponse(google.protobuf.message.Message):
 global___RemovePodSandboxResponse = RemovePodSandboxResponse
 
 @typing.final
+class PodSandboxFilter(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    @typing.final
+    class LabelSelectorEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
+    ID_FIELD_NUMBER: builtins.int
+    LABEL_SELECTOR_FIELD_NUMBER: builtins.int
+    id: builtins.str
+    @property
+    def label_selector(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        id: builtins.str = ...,
+        label_selector: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["id", b"id", "label_selector", b"label_selector"]) -> None: ...
+
+global___PodSandboxFilter = PodSandboxFilter
+
+@typing.final
+class ListPodSandboxRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: builtins.int
+    @property
+    def filter(self) -> global___PodSandboxFilter: ...
+    def __init__(
+        self,
+        *,
+        filter: global___PodSandboxFilter | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["filter", b"filter"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["filter", b"filter"]) -> None: ...
+
+global___ListPodSandboxRequest = ListPodSandboxRequest
+
+@typing.final
+class PodSandbox(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    @typing.final
+    class AnnotationsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
+    ID_FIELD_NUMBER: builtins.int
+    METADATA_FIELD_NUMBER: builtins.int
+    ANNOTATIONS_FIELD_NUMBER: builtins.int
+    RUNTIME_HANDLER_FIELD_NUMBER: builtins.int
+    id: builtins.str
+    runtime_handler: builtins.str
+    @property
+    def metadata(self) -> global___PodSandboxMetadata: ...
+    @property
+    def annotations(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        id: builtins.str = ...,
+        metadata: global___PodSandboxMetadata | None = ...,
+        annotations: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
+        runtime_handler: builtins.str = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["metadata", b"metadata"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["annotations", b"annotations", "id", b"id", "metadata", b"metadata", "runtime_handler", b"runtime_handler"]) -> None: ...
+
+global___PodSandbox = PodSandbox
+
+@typing.final
+class ListPodSandboxResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: builtins.int
+    @property
+    def items(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___PodSandbox]: ...
+    def __init__(
+        self,
+        *,
+        items: collections.abc.Iterable[global___PodSandbox] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["items", b"items"]) -> None: ...
+
+global___ListPodSandboxResponse = ListPodSandboxResponse
+
+@typing.final
 class ImageSpec(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 

@@ -54,6 +54,11 @@ class RuntimeServiceStub:
                 request_serializer=ferry_dot_v1_dot_cri__pb2.RemovePodSandboxRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_cri__pb2.RemovePodSandboxResponse.FromString,
                 _registered_method=True)
+        self.ListPodSandbox = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListPodSandbox',
+                request_serializer=ferry_dot_v1_dot_cri__pb2.ListPodSandboxRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_cri__pb2.ListPodSandboxResponse.FromString,
+                _registered_method=True)
         self.CreateContainer = channel.unary_unary(
                 '/runtime.v1.RuntimeService/CreateContainer',
                 request_serializer=ferry_dot_v1_dot_cri__pb2.CreateContainerRequest.SerializeToString,
@@ -108,6 +113,12 @@ class RuntimeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RemovePodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPodSandbox(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,6 +182,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.RemovePodSandbox,
                     request_deserializer=ferry_dot_v1_dot_cri__pb2.RemovePodSandboxRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_cri__pb2.RemovePodSandboxResponse.SerializeToString,
+            ),
+            'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPodSandbox,
+                    request_deserializer=ferry_dot_v1_dot_cri__pb2.ListPodSandboxRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_cri__pb2.ListPodSandboxResponse.SerializeToString,
             ),
             'CreateContainer': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateContainer,
@@ -311,6 +327,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/RemovePodSandbox',
             ferry_dot_v1_dot_cri__pb2.RemovePodSandboxRequest.SerializeToString,
             ferry_dot_v1_dot_cri__pb2.RemovePodSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ListPodSandbox',
+            ferry_dot_v1_dot_cri__pb2.ListPodSandboxRequest.SerializeToString,
+            ferry_dot_v1_dot_cri__pb2.ListPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,11 @@ class RuntimeServiceStub:
         ferry.v1.cri_pb2.RemovePodSandboxResponse,
     ]
 
+    ListPodSandbox: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.cri_pb2.ListPodSandboxRequest,
+        ferry.v1.cri_pb2.ListPodSandboxResponse,
+    ]
+
     CreateContainer: grpc.UnaryUnaryMultiCallable[
         ferry.v1.cri_pb2.CreateContainerRequest,
         ferry.v1.cri_pb2.CreateContainerResponse,
@@ -93,6 +98,11 @@ class RuntimeServiceAsyncStub:
     RemovePodSandbox: grpc.aio.UnaryUnaryMultiCallable[
         ferry.v1.cri_pb2.RemovePodSandboxRequest,
         ferry.v1.cri_pb2.RemovePodSandboxResponse,
+    ]
+
+    ListPodSandbox: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.cri_pb2.ListPodSandboxRequest,
+        ferry.v1.cri_pb2.ListPodSandboxResponse,
     ]
 
     CreateContainer: grpc.aio.UnaryUnaryMultiCallable[
@@ -153,6 +163,13 @@ class RuntimeServiceServicer(metaclass=abc.ABCMeta):
         request: ferry.v1.cri_pb2.RemovePodSandboxRequest,
         context: _ServicerContext,
     ) -> typing.Union[ferry.v1.cri_pb2.RemovePodSandboxResponse, collections.abc.Awaitable[ferry.v1.cri_pb2.RemovePodSandboxResponse]]: ...
+
+    @abc.abstractmethod
+    def ListPodSandbox(
+        self,
+        request: ferry.v1.cri_pb2.ListPodSandboxRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.cri_pb2.ListPodSandboxResponse, collections.abc.Awaitable[ferry.v1.cri_pb2.ListPodSandboxResponse]]: ...
 
     @abc.abstractmethod
     def CreateContainer(

@@ -175,6 +175,12 @@ class CriClient:
         await self._call("RemovePodSandbox", self._runtime.RemovePodSandbox,
                          cri.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
 
+    async def pods(self) -> list[str]:
+        """The ids of every pod sandbox the runtime has."""
+        r: cri.ListPodSandboxResponse = await self._call("ListPodSandbox", self._runtime.ListPodSandbox,
+                                                         cri.ListPodSandboxRequest())
+        return [p.id for p in r.items]
+
     async def container(self, container_id: str) -> ContainerInfo:
         r: cri.ContainerStatusResponse = await self._call(
             "ContainerStatus", self._runtime.ContainerStatus,
