@@ -1,6 +1,7 @@
 """What the benchmarks in bench/ share: the machine they ran on, a run directory, small helpers."""
 
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -99,3 +100,14 @@ def run_directory(base: str | None, keep: bool, prefix: str) -> Iterator[Path]:
             print(f"kept {path}", file=sys.stderr)
         else:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def emit(result: dict[str, Any], report: str, json_path: str | None, md_path: str | None) -> None:
+    """A benchmark's result as JSON (``--json``), its report as Markdown (``--md``), and the report printed."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if md_path:
+        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(md_path).write_text(report + "\n")
+    print(report)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import BenchError, machine, median, read_bytes, run_directory, uptime, wait_for
+from benchkit import BenchError, emit, machine, median, read_bytes, run_directory, uptime, wait_for
 
 from ferry.common.ports import free_port
 
@@ -233,12 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"config": {"members": args.members, "mib": args.mib, "repeat": args.repeat}, "machine": mach,
               "load_before": load_before, "load_after": uptime(), "elapsed_s": time.monotonic() - started,
               "freeze": freeze, "ray": ray}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
-    report = markdown(result)
-    if args.md:
-        Path(args.md).write_text(report + "\n")
-    print(report)
+    emit(result, markdown(result), args.json, args.md)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchkit import machine, median, run_directory, uptime, wait_for
+from benchkit import emit, machine, median, run_directory, uptime, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -240,12 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         mach = machine(run)
     result = {"config": vars(args), "machine": mach, "load_before": load_before, "load_after": uptime(),
               "elapsed_s": time.monotonic() - started, "checkpoint": ckpt, "warm": warm}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
-    report = markdown(result)
-    if args.md:
-        Path(args.md).write_text(report + "\n")
-    print(report)
+    emit(result, markdown(result), args.json, args.md)
     return 0
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import sys
 import time
@@ -60,7 +59,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchkit import machine, run_directory, uptime
+from benchkit import emit, machine, run_directory, uptime
 from movebench.moves import Bench, Cluster, Sample
 from movebench.report import markdown, summarize
 from movebench.workload import FERRY, MODES, mem_available
@@ -198,14 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "skipped": skipped,
     }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
-    report = markdown(result)
-    if args.md:
-        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.md).write_text(report + "\n")
-    print(report)
+    emit(result, markdown(result), args.json, args.md)
     return 0
 
 

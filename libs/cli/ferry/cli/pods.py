@@ -15,12 +15,8 @@ import asyncio
 import datetime
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ferry.cli.output import print_json, size, table
-
-if TYPE_CHECKING:
-    from ferry.store.store import CheckpointStore
 
 EPILOG = """examples:
   ferry pod checkpoint 5f2c9e... --endpoint /run/containerd/containerd.sock
@@ -55,14 +51,6 @@ def add_pod_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     ls = actions.add_parser("checkpoints", parents=[common], help="the checkpoints of a pod container's job")
     ls.add_argument("job")
     ls.add_argument("--config", help="Ferry's configuration file (default: FERRY_CONFIG)")
-
-
-def _store(config: str | None) -> CheckpointStore:
-    from ferry.common.config import load_settings
-    from ferry.store.url import open_store
-
-    settings = load_settings(config)
-    return open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
 
 
 def cmd_pod(args: argparse.Namespace) -> int:
@@ -100,27 +88,22 @@ def _install(args: argparse.Namespace) -> int:
 def _checkpoint(args: argparse.Namespace) -> int:
     from ferry.common.config import load_settings
     from ferry.common.errors import UsageError
-    from ferry.kube.annotations import job_of
-    from ferry.kube.cri import CriClient
-    from ferry.kube.podimages import checkpoint
+    from ferry.kube.cri import ContainerInfo, CriClient
+    from ferry.kube.podimages import checkpoint, open_configured_store
 
     endpoint = args.endpoint or load_settings(args.config).cri_endpoint
 
-    async def look() -> tuple[str, str, dict[str, str]]:
+    async def look() -> ContainerInfo:
         async with CriClient(endpoint) as cri:
-            info = await cri.container(args.container)
-        if info.state != "running":
-            raise UsageError(f"container {args.container} is {info.state}: only a running container checkpoints")
-        return info.id, info.runc_root, info.annotations
+            return await cri.container(args.container)
 
-    cid, root, _ = asyncio.run(look())
-    from ferry.kube.podimages import runc_state
-
-    spec = runc_state(root, cid).annotations
-    job = args.job or job_of(spec, cid[:12])
-    store = _store(args.config)
+    info = asyncio.run(look())
+    if info.state != "running":
+        raise UsageError(f"container {args.container} is {info.state}: only a running container checkpoints")
+    store = open_configured_store(args.config)
     with tempfile.TemporaryDirectory(prefix="ferry-pod-") as work:
-        done = checkpoint(store, root=root, container_id=cid, job=job, work=Path(work), final=args.stop)
+        done = checkpoint(store, root=info.runc_root, container_id=info.id, job=args.job, work=Path(work),
+                          final=args.stop)
     if args.output == "json":
         print_json(done.model_dump())
     else:
@@ -131,7 +114,9 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    store = _store(args.config)
+    from ferry.kube.podimages import open_configured_store
+
+    store = open_configured_store(args.config)
     manifests = sorted((store.read_manifest(args.job, ck) for ck in store.list_checkpoints(args.job)),
                        key=lambda m: m.created)
     if args.output == "json":

@@ -56,6 +56,7 @@ __all__ = [
     "save_bundle",
     "work_dir_of",
     "write_criu_config",
+    "write_criu_options",
 ]
 
 BUNDLE_CONFIG = "bundle-config.json"  # the bundle's config.json, in a checkpoint's images
@@ -196,9 +197,16 @@ def write_criu_config(job_dir: JobDir, *, final: bool, action_script: Path | Non
     default, iptables, is not installed), established connections inside the container, for a
     final checkpoint leave-stopped (the job is killed once the checkpoint is committed), and the
     dump's post-dump script."""
+    write_criu_options(criu_config(job_dir), final=final, action_script=action_script)
+
+
+def write_criu_options(path: Path, *, final: bool = False, action_script: Path | str | None = None) -> Path:
+    """The CRIU config file that runc reads through a bundle's ``org.criu.config``: the nftables
+    network lock, established connections, leave-stopped for a final dump, the action script."""
     lines = ["network-lock nftables", "tcp-established", *(["leave-stopped"] if final else []),
              *([f"action-script {action_script}"] if action_script else [])]
-    criu_config(job_dir).write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 RELAY_FILE = "relay.json"  # the monitor's pid and the read ends of the container's output pipes

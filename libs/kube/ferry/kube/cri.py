@@ -47,13 +47,16 @@ class PodSpec:
     host_network: bool = True
 
     def config(self) -> cri.PodSandboxConfig:
-        mode = cri.NODE if self.host_network else cri.POD
-        namespaces = cri.NamespaceOption(network=mode, pid=cri.CONTAINER, ipc=cri.POD)
         return cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(name=self.name, uid=self.uid, namespace=self.namespace),
             log_directory=self.log_directory, annotations=dict(self.annotations),
             linux=cri.LinuxPodSandboxConfig(security_context=cri.LinuxSandboxSecurityContext(
-                namespace_options=namespaces)))
+                namespace_options=self.namespaces())))
+
+    def namespaces(self) -> cri.NamespaceOption:
+        """The pod's network (the node's, with ``host_network``), a PID namespace per container."""
+        return cri.NamespaceOption(network=cri.NODE if self.host_network else cri.POD, pid=cri.CONTAINER,
+                                   ipc=cri.POD)
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,6 @@ class ContainerSpec:
 
     def config(self, pod: PodSpec) -> cri.ContainerConfig:
         """As a kubelet writes it, with the labels by which it finds a pod's containers again."""
-        mode = cri.NODE if pod.host_network else cri.POD
-        namespaces = cri.NamespaceOption(network=mode, pid=cri.CONTAINER, ipc=cri.POD)
         return cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name=self.name), image=cri.ImageSpec(image=self.image),
             command=list(self.command), working_dir=self.working_dir,
@@ -77,7 +78,7 @@ class ContainerSpec:
             log_path=f"{self.name}.log",
             labels={POD_NAME_LABEL: pod.name, POD_NAMESPACE_LABEL: pod.namespace, CONTAINER_NAME_LABEL: self.name},
             linux=cri.LinuxContainerConfig(security_context=cri.LinuxContainerSecurityContext(
-                namespace_options=namespaces)))
+                namespace_options=pod.namespaces())))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -18,8 +17,10 @@ from pydantic import BaseModel
 from ferry.common.errors import FerryError, NotFoundError
 from ferry.common.models import DEFAULT_TENANT, new_id
 from ferry.criu.binary import find_criu
+from ferry.criu.container import runc_bin, work_dir_of, write_criu_options
 from ferry.criu.errors import DumpFailed
-from ferry.kube.annotations import CheckpointRef
+from ferry.criu.logs import failure_summary
+from ferry.kube.annotations import CheckpointRef, job_of
 from ferry.store.manifest import Manifest
 from ferry.store.store import CheckpointStore
 
@@ -49,13 +50,6 @@ class PodCheckpoint(BaseModel):
     bytes_logical: int
 
 
-def runc_bin() -> str:
-    found = shutil.which("runc")
-    if found is None:
-        raise FerryError("runc not found: the ferry runtime needs Debian's runc (./setup.sh installs it)")
-    return found
-
-
 def runc_base(root: str) -> list[str]:
     criu = find_criu("criu")
     return [runc_bin(), "--root", root, *(["--criu", criu] if criu else [])]
@@ -70,12 +64,18 @@ def runc_state(root: str, container_id: str) -> RuncState:
 
 
 def write_criu_conf(bundle: Path, *, action_script: str | None = None) -> Path:
-    """CRIU's options for runc's dumps and restores of this container: established TCP
-    connections, the nftables network lock (iptables is absent here) and the post-dump action."""
-    path = bundle / CRIU_CONF
-    lines = ["tcp-established", "network-lock nftables", *([f"action-script {action_script}"] if action_script else [])]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    """CRIU's options for runc's dumps and restores of this container (those of Ferry's own
+    containers: ``ferry.criu.container.write_criu_options``) and the post-dump action."""
+    return write_criu_options(bundle / CRIU_CONF, action_script=action_script)
+
+
+def open_configured_store(config: str | None = None) -> CheckpointStore:
+    """The store Ferry's configuration names (``config``, else ``FERRY_CONFIG``; ``FERRY_*``)."""
+    from ferry.common.config import load_settings
+    from ferry.store.url import open_store
+
+    settings = load_settings(config)
+    return open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
 
 
 def newest(store: CheckpointStore, job: str) -> Manifest:
@@ -102,10 +102,10 @@ def resumable_key(job: str, checkpoint: str) -> str:
 
 def make_resumable(store: CheckpointStore, job: str) -> str | None:
     """The job's newest checkpoint made resumable (``resumable_key``); its id, or None when it has none."""
-    manifests = [store.read_manifest(job, ck) for ck in store.list_checkpoints(job)]
-    if not manifests:
+    try:
+        newest_one = newest(store, job)
+    except NotFoundError:
         return None
-    newest_one = max(manifests, key=lambda m: m.created)
     store.backend.put(resumable_key(job, newest_one.checkpoint), b"")
     return newest_one.checkpoint
 
@@ -132,14 +132,16 @@ def _action_script(upper: Path | None, images: Path) -> Path:
     return script
 
 
-def checkpoint(store: CheckpointStore, *, root: str, container_id: str, job: str, work: Path,
-               final: bool = False, tenant: str = DEFAULT_TENANT) -> PodCheckpoint:
+def checkpoint(store: CheckpointStore, *, root: str, container_id: str, work: Path, job: str | None = None,
+               final: bool = False, tenant: str = DEFAULT_TENANT, state: RuncState | None = None) -> PodCheckpoint:
     """``runc checkpoint`` of the running container ``container_id`` (containerd's runc state under
-    ``root``) into ``job``'s next checkpoint in the store. ``final``: the container ends with
-    the dump (before its pod goes); otherwise it runs on (``--leave-running``)."""
+    ``root``; ``state`` when the caller has read it) into ``job``'s next checkpoint in the store
+    (default: the job its pod names, ``job_of``). ``final``: the container ends with the dump
+    (before its pod goes); otherwise it runs on (``--leave-running``)."""
     from ferry.kube.overlay import upper_dir
 
-    state = runc_state(root, container_id)
+    state = state or runc_state(root, container_id)
+    job = job or job_of(state.annotations, container_id[:12])
     if state.status != "running":
         raise DumpFailed(f"container {container_id} is {state.status}, not running")
     images = work / new_id("img")
@@ -148,29 +150,31 @@ def checkpoint(store: CheckpointStore, *, root: str, container_id: str, job: str
     script = _action_script(upper, images)
     bundle = Path(state.bundle)
     write_criu_conf(bundle, action_script=str(script))
+    work_dir = work_dir_of(images, "dump")
     started = time.monotonic()
     try:
         command = [*runc_base(root), "checkpoint", *([] if final else ["--leave-running"]), "--image-path",
-                   str(images), "--work-path", str(images.with_name(images.name + "-work")), container_id]
+                   str(images), "--work-path", str(work_dir), container_id]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     finally:
         write_criu_conf(bundle)
         script.unlink(missing_ok=True)
     wall_ms = (time.monotonic() - started) * 1000
     if done.returncode != 0:
-        log = images.with_name(images.name + "-work") / "dump.log"
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-        raise DumpFailed(f"runc checkpoint {container_id} failed: {done.stderr.strip() or done.returncode}",
-                         log_excerpt="\n".join(tail))
+        excerpt, reason = failure_summary(work_dir / "dump.log", done.stderr or f"runc exited {done.returncode}")
+        shutil.rmtree(work_dir, ignore_errors=True)
+        raise DumpFailed(f"runc checkpoint {container_id} failed: {reason}", log_excerpt=excerpt)
     shutil.copyfile(bundle / "config.json", images / SPEC)
-    parents = store.list_checkpoints(job)
-    parent = newest(store, job).checkpoint if parents else None
+    try:
+        parent: str | None = newest(store, job).checkpoint
+    except NotFoundError:
+        parent = None
     checkpoint_id = new_id("ck")
     written = store.write_checkpoint(job=job, tenant=tenant, checkpoint=checkpoint_id, parent=parent,
                                      src_dir=images, meta={"kind": "pod", "container": container_id,
                                                            "annotations": state.annotations, "final": final})
     shutil.rmtree(images, ignore_errors=True)
-    shutil.rmtree(images.with_name(images.name + "-work"), ignore_errors=True)
+    shutil.rmtree(work_dir, ignore_errors=True)
     return PodCheckpoint(job=job, checkpoint=checkpoint_id, parent=parent, final=final, wall_ms=wall_ms,
                          bytes_logical=written.bytes_logical)
 
@@ -184,8 +188,3 @@ def fetch(store: CheckpointStore, ref: CheckpointRef, dest: Path) -> Manifest:
     dest.mkdir(parents=True)
     store.restore_files(manifest, dest)
     return manifest
-
-
-def spec_annotations(bundle: Path) -> dict[str, str]:
-    spec = json.loads((bundle / "config.json").read_text())
-    return dict(spec.get("annotations") or {})

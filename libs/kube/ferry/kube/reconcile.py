@@ -33,12 +33,14 @@ from ferry.kube.annotations import (
     AUTO,
     CHECKPOINT_EVERY,
     CHECKPOINT_ON_STOP,
-    JOB,
+    CRI_CONTAINER_NAME,
+    CRI_POD_NAME,
+    CRI_POD_NAMESPACE,
     PREFIX,
     RESTORE_FROM,
     RUNTIME_HANDLER,
     is_true,
-    job_for,
+    job_of,
 )
 
 Obj = Mapping[str, Any]
@@ -174,17 +176,17 @@ def owned(pod: Obj) -> bool:
 
 
 def container_jobs(pod: Obj) -> list[str]:
-    """The store's job id of each of the pod's containers, as the runtime names them."""
+    """The store's job id of each of the pod's containers, as the runtime names them (``job_of``
+    of what containerd puts in each container's spec)."""
     meta = _meta(pod)
-    named = annotations_of(pod).get(JOB)
+    spec = {**annotations_of(pod), CRI_POD_NAMESPACE: meta.get("namespace", "default"),
+            CRI_POD_NAME: meta.get("name", "")}
     names = [c.get("name", "main") for c in (pod.get("spec") or {}).get("containers") or []]
-    if named:
-        index = annotations_of(pod).get("batch.kubernetes.io/job-completion-index", "0")
-        return [named.replace("{index}", index)]
-    return [job_for(meta.get("namespace", "default"), meta.get("name", ""), n) for n in names]
+    return list(dict.fromkeys(job_of({**spec, CRI_CONTAINER_NAME: n}) for n in names))
 
 
-def _ts(value: str | None) -> float | None:
+def timestamp(value: str | None) -> float | None:
+    """An API time (RFC 3339, ``2027-01-15T07:00:00Z``) as seconds since the epoch."""
     if not value:
         return None
     from datetime import datetime
@@ -207,7 +209,7 @@ def node_lost(node: Obj, now: float, after_s: float = LOST_AFTER_S) -> bool:
     ready = condition(node, "Ready")
     if ready is None or ready.get("status") == "True":
         return False
-    since = _ts(ready.get("lastTransitionTime"))
+    since = timestamp(ready.get("lastTransitionTime"))
     return since is not None and now - since >= after_s
 
 
@@ -248,7 +250,7 @@ def pod_actions(pod: Obj, checkpoints: Sequence[CheckpointRecord], now: float) -
     mine = [c for c in checkpoints if (c.namespace, c.pod) == (namespace, name) and c.phase != "Failed"]
     if any(c.phase == "Pending" for c in mine):
         return []
-    started = _ts((pod.get("status") or {}).get("startTime")) or now
+    started = timestamp((pod.get("status") or {}).get("startTime")) or now
     newest = max((c.created for c in mine), default=started)
     if now - newest < interval:
         return []

@@ -28,12 +28,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ferry.kube.runcargs import RuncCall, parse, restore_argv
-
-if TYPE_CHECKING:
-    from ferry.store.store import CheckpointStore
 
 RESTORED_MARK = "ferry-restored"  # in runc's state folder of a container that was restored
 RESTORE_REPORT = "ferry-restore.json"  # in the bundle: what became of a restore-from
@@ -53,12 +50,14 @@ def _mark(call: RuncCall) -> Path | None:
     return Path(root) / cid / RESTORED_MARK if root and cid else None
 
 
-def _report(bundle: Path, **fields: object) -> None:
+def _report(bundle: Path, **fields: Any) -> dict[str, Any]:
     (bundle / RESTORE_REPORT).write_text(json.dumps(fields) + "\n")
+    return fields
 
 
-def _prepare(call: RuncCall) -> list[str] | None:
-    """For a ``create``: the spec's CRIU options, then the restore to run instead, if any."""
+def _prepare(call: RuncCall) -> tuple[list[str], dict[str, Any]] | None:
+    """For a ``create``: the spec's CRIU options, then the restore to run instead (and its report
+    so far), if any."""
     from ferry.kube.annotations import CRI_CONTAINER_TYPE, RESTORE_FROM, job_of
     from ferry.kube.podimages import CRIU_ANNOTATION, write_criu_conf
 
@@ -74,32 +73,26 @@ def _prepare(call: RuncCall) -> list[str] | None:
     if not value:
         return None
     try:
-        images = _fetch(bundle, value, job_of(annotations))
-        if images is None:
-            return None
+        fetched = _fetch(bundle, value, job_of(annotations))
     except Exception as exc:  # any failure means a fresh start, said in the report
         _report(bundle, restored=False, restore_from=value, reason=f"{type(exc).__name__}: {exc}")
         print(f"ferry-runc: not restoring from {value}: {exc}; starting fresh", file=sys.stderr)
         return None
-    return restore_argv(call, images=str(images), work=str(bundle / "ferry-restore-work"))
+    if fetched is None:
+        return None
+    images, report = fetched
+    return restore_argv(call, images=str(images), work=str(bundle / "ferry-restore-work")), report
 
 
-def _open_store() -> CheckpointStore:
-    from ferry.common.config import load_settings
-    from ferry.store.url import open_store
-
-    settings = load_settings()
-    return open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
-
-
-def _fetch(bundle: Path, value: str, job: str) -> Path | None:
-    """The checkpoint's images in the bundle and its root filesystem changes applied; None for
-    ``auto`` with nothing to continue from (a first start, or its last stop was continued)."""
+def _fetch(bundle: Path, value: str, job: str) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint's images in the bundle and its root filesystem changes applied, with the
+    report so far; None for ``auto`` with nothing to continue from (a first start, or its last
+    stop was continued)."""
     from ferry.kube.annotations import AUTO, CheckpointRef, parse_restore_from
     from ferry.kube.overlay import apply_changes
-    from ferry.kube.podimages import ROOTFS_CHANGES, fetch, resumable
+    from ferry.kube.podimages import ROOTFS_CHANGES, fetch, open_configured_store, resumable
 
-    store = _open_store()
+    store = open_configured_store()
     if value.strip() == AUTO:
         found = resumable(store, job)
         if found is None:
@@ -113,16 +106,14 @@ def _fetch(bundle: Path, value: str, job: str) -> Path | None:
     manifest = fetch(store, ref, images)
     if (images / ROOTFS_CHANGES).exists():
         apply_changes(images / ROOTFS_CHANGES, bundle / "rootfs")
-    _report(bundle, restored=None, restore_from=value, checkpoint=manifest.checkpoint, job=manifest.job)
-    return images
+    report = _report(bundle, restored=None, restore_from=value, checkpoint=manifest.checkpoint, job=manifest.job)
+    return images, report
 
 
 def _checkpoint_on_stop(call: RuncCall) -> bool:
     """For a stopping ``kill``: True when the container ended with a final checkpoint instead."""
-    from ferry.common.config import load_settings
-    from ferry.kube.annotations import CHECKPOINT_ON_STOP, CRI_CONTAINER_TYPE, is_true, job_of
-    from ferry.kube.podimages import checkpoint, runc_state
-    from ferry.store.url import open_store
+    from ferry.kube.annotations import CHECKPOINT_ON_STOP, CRI_CONTAINER_TYPE, is_true
+    from ferry.kube.podimages import checkpoint, open_configured_store, runc_state
 
     root, cid = call.global_value("--root"), call.container_id
     if not root or not cid:
@@ -135,9 +126,7 @@ def _checkpoint_on_stop(call: RuncCall) -> bool:
             state.annotations.get(CRI_CONTAINER_TYPE) == "sandbox":
         return False
     try:
-        settings = load_settings()
-        store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
-        done = checkpoint(store, root=root, container_id=cid, job=job_of(state.annotations),
+        done = checkpoint(open_configured_store(), root=root, container_id=cid, state=state,
                           work=Path(state.bundle) / "ferry-stop", final=True)
     except Exception as exc:  # the SIGTERM after all: the container ends as it would have
         print(f"ferry-runc: checkpoint on stop of {cid} failed, sending SIGTERM: {exc}", file=sys.stderr)
@@ -158,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if call.command != "create":
         os.execv(runc, [runc, *args])
-    restore = _prepare(call)
-    if restore is None:
+    prepared = _prepare(call)
+    if prepared is None:
         os.execv(runc, [runc, *args])
+    restore, report = prepared
     bundle = Path(call.bundle or ".")
     done = subprocess.run([runc, *restore], check=False)
-    report = json.loads((bundle / RESTORE_REPORT).read_text())
     if done.returncode != 0:  # a fresh start instead (with the checkpoint's root filesystem changes)
         _report(bundle, **{**report, "restored": False, "reason": f"runc restore exited {done.returncode}"})
         subprocess.run([runc, *call.globals, "delete", "--force", *call.args[:1]], check=False,
@@ -174,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         mark.write_text("")
     _report(bundle, **{**report, "restored": True})
     try:
-        from ferry.kube.podimages import mark_consumed
+        from ferry.kube.podimages import mark_consumed, open_configured_store
 
-        mark_consumed(_open_store(), report["job"], report["checkpoint"])
+        mark_consumed(open_configured_store(), report["job"], report["checkpoint"])
     except Exception as exc:  # the container runs; a later auto restore may pick the same checkpoint
         print(f"ferry-runc: could not record that {report['checkpoint']} was continued: {exc}", file=sys.stderr)
     return 0

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ferry.controller.api import KubeApi
-from ferry.kube.annotations import job_of
 from ferry.kube.cri import CriClient
-from ferry.kube.podimages import checkpoint, runc_state
+from ferry.kube.podimages import checkpoint
 from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -37,9 +36,7 @@ async def carry_out(api: KubeApi, cri: CriClient, store: CheckpointStore, reques
             info = await cri.container(cid)
             if info.state != "running":
                 continue
-            state = await asyncio.to_thread(runc_state, info.runc_root, cid)
-            result = await asyncio.to_thread(checkpoint, store, root=info.runc_root, container_id=cid,
-                                             job=job_of(state.annotations, info.name), work=work,
+            result = await asyncio.to_thread(checkpoint, store, root=info.runc_root, container_id=cid, work=work,
                                              final=bool(spec.get("final")))
             done.append({"container": info.name, "job": result.job, "checkpoint": result.checkpoint,
                          "bytes": result.bytes_logical, "wallMs": round(result.wall_ms)})

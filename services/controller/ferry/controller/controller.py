@@ -26,6 +26,7 @@ from ferry.kube.reconcile import (
     node_actions,
     pod_actions,
     prune,
+    timestamp,
     workload_actions,
 )
 from ferry.store.store import CheckpointStore
@@ -39,10 +40,7 @@ def _iso(ts: float) -> str:
 
 def record_of(obj: dict[str, Any]) -> CheckpointRecord:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    created = obj["metadata"].get("creationTimestamp")
-    from datetime import datetime
-
-    ts = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0
+    ts = timestamp(obj["metadata"].get("creationTimestamp")) or 0.0
     refs = [f"{c['job']}/{c['checkpoint']}" for c in status.get("containers") or [] if "job" in c and "checkpoint" in c]
     return CheckpointRecord(namespace=obj["metadata"].get("namespace", "default"), pod=spec.get("pod", ""),
                             created=ts, phase=status.get("phase") or "Pending", final=bool(spec.get("final")),
