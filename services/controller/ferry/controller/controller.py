@@ -116,8 +116,3 @@ async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequen
             await api.event(action.namespace, action.pod, "FerryRecreated",
                             "its node was lost: created again, restoring from its newest checkpoint", warning=False)
 
-
-def next_due(pods: Sequence[dict[str, Any]], default_s: float = 30.0) -> float:
-    """Seconds until a time-based decision may change: the periodic checks and node graces are
-    re-evaluated at least this often (a watch wakes the controller for everything else)."""
-    return default_s

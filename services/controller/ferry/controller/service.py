@@ -31,11 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class _KubeService(Service):
+    interval_s = 30.0  # a pass at least this often (time-based decisions); a watch wakes it sooner
+
     def __init__(self, settings: Settings, api: KubeApi | None = None, store: CheckpointStore | None = None) -> None:
         super().__init__(settings)
         self.api = api
         self.store = store
         self.wake = asyncio.Event()
+        self.following: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.connect()
@@ -45,7 +48,11 @@ class _KubeService(Service):
             self.api = await KubeClient.connect(self.settings.kubeconfig)
         if self.store is None:
             self.store = open_store(self.settings.resolved_store_url(), self.settings.resolved_store_key_file())
-        self.spawn(self._follow())
+        self.following = self.spawn(self._follow())
+
+    async def drain(self) -> None:
+        if self.following is not None:  # the watches end with the service: nothing to finish there
+            self.following.cancel()
 
     async def _follow(self) -> None:
         assert self.api is not None
@@ -73,7 +80,6 @@ class ControllerService(_KubeService):
     """Ferry's Kubernetes controller: checkpoints, events and replacement pods for opted-in pods."""
 
     name = "controller"
-    interval_s = 30.0
 
     async def run(self) -> None:
         assert self.api is not None
@@ -109,7 +115,7 @@ class PodAgentService(_KubeService):
                         await agent.carry_out(self.api, cri, self.store, request, work)
                 except Exception:
                     log.exception("agent pass failed; next pass soon")
-                await self._sleep(30.0)
+                await self._sleep(self.interval_s)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
