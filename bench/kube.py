@@ -15,7 +15,6 @@ as a kubelet drives it; the same testbed as tests/integration/test_kube_node.py)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import subprocess
@@ -77,53 +76,17 @@ def mounts() -> list[tuple[str, str, bool]]:
     return [("/usr", "/usr", True), *((p, p, True) for p in sorted(here))]
 
 
-class Node:
-    def __init__(self, containerd: Containerd) -> None:
-        self.c = containerd
-
-    def start(self, name: str, command: list[str], annotations: dict[str, str], logs: Path) -> str:
-        pod = PodSpec(name=name, namespace="bench", uid=uuid.uuid4().hex, log_directory=str(logs / name),
-                      annotations=annotations)
-        box = ContainerSpec(name="main", image=APP, command=command, env={"PYTHONDONTWRITEBYTECODE": "1"},
-                            mounts=mounts())
-
-        async def go() -> str:
-            async with self.c.client() as cri:
-                pod_id = await cri.run_pod(pod)
-                cid = await cri.create_container(pod_id, pod, box)
-                await cri.start_container(cid)
-                return cid
-
-        return asyncio.run(go())
-
-    def stop(self, cid: str) -> None:
-        async def go() -> None:
-            async with self.c.client() as cri:
-                await cri.stop_container(cid, timeout=1)
-                await cri.remove_container(cid)
-
-        asyncio.run(go())
-
-    def runc_root(self, cid: str) -> str:
-        async def go() -> str:
-            async with self.c.client() as cri:
-                return (await cri.container(cid)).runc_root
-
-        return asyncio.run(go())
-
-    def log(self, cid: str) -> str:
-        async def go() -> str:
-            async with self.c.client() as cri:
-                return (await cri.container(cid)).log_path
-
-        path = Path(asyncio.run(go()))
-        return path.read_text() if path.exists() else ""
+def start(c: Containerd, name: str, command: list[str], annotations: dict[str, str], logs: Path) -> str:
+    pod = PodSpec(name=name, namespace="bench", uid=uuid.uuid4().hex, log_directory=str(logs / name),
+                  annotations=annotations)
+    return c.start(pod, ContainerSpec(name="main", image=APP, command=command, env={"PYTHONDONTWRITEBYTECODE": "1"},
+                                      mounts=mounts()))
 
 
-def checkpoint_part(node: Node, store: Any, mib: int, repeat: int, run: Path) -> dict[str, Any]:
-    cid = node.start(f"hold-{uuid.uuid4().hex[:6]}", [sys.executable, "-c", HOLDER, str(mib)], {}, run / "logs")
-    wait_for(lambda: "ready" in node.log(cid), 120, "the holder to fill its memory")
-    root = node.runc_root(cid)
+def checkpoint_part(node: Containerd, store: Any, mib: int, repeat: int, run: Path) -> dict[str, Any]:
+    cid = start(node, f"hold-{uuid.uuid4().hex[:6]}", [sys.executable, "-c", HOLDER, str(mib)], {}, run / "logs")
+    wait_for(lambda: "ready" in node.lines(cid), 120, "the holder to fill its memory")
+    root = node.info(cid).runc_root
     raw_ms: list[float] = []
     ferry_ms: list[float] = []
     for i in range(repeat):
@@ -140,7 +103,7 @@ def checkpoint_part(node: Node, store: Any, mib: int, repeat: int, run: Path) ->
                 started = time.monotonic()
                 checkpoint(store, root=root, container_id=cid, job="bench.hold", work=run / "work")
                 ferry_ms.append((time.monotonic() - started) * 1000)
-    node.stop(cid)
+    node.stop_container(cid, grace=1)
     return {"mib": mib, "raw_ms": raw_ms, "ferry_ms": ferry_ms, "raw_median_ms": median(raw_ms),
             "ferry_median_ms": median(ferry_ms), "ratio": median(ferry_ms) / median(raw_ms)}
 
@@ -163,7 +126,7 @@ def time_to_answer(port: int, timeout: float = 300) -> tuple[float, str]:
     raise TimeoutError("the model server did not answer")
 
 
-def warm_part(node: Node, store: Any, repeat: int, width: int, layers: int, run: Path) -> dict[str, Any]:
+def warm_part(node: Containerd, store: Any, repeat: int, width: int, layers: int, run: Path) -> dict[str, Any]:
     from ferry.common.ports import free_port
 
     cold_ms: list[float] = []
@@ -173,19 +136,20 @@ def warm_part(node: Node, store: Any, repeat: int, width: int, layers: int, run:
         port = free_port()
         command = [sys.executable, "-c", SERVER, str(port), str(width), str(layers)]
         started = time.monotonic()
-        cid = node.start(f"serve-{i}", command, {}, run / "logs")
+        cid = start(node, f"serve-{i}", command, {}, run / "logs")
         _, got = time_to_answer(port)
         cold_ms.append((time.monotonic() - started) * 1000)
         answers.add(got)
-        done = checkpoint(store, root=node.runc_root(cid), container_id=cid, job=f"bench.serve-{i}", work=run / "w")
-        node.stop(cid)
+        done = checkpoint(store, root=node.info(cid).runc_root, container_id=cid, job=f"bench.serve-{i}",
+                          work=run / "w")
+        node.stop_container(cid, grace=1)
         started = time.monotonic()
-        restored = node.start(f"serve-{i}-warm", command, {RESTORE_FROM: f"{done.job}/{done.checkpoint}"},
-                              run / "logs")
+        restored = start(node, f"serve-{i}-warm", command, {RESTORE_FROM: f"{done.job}/{done.checkpoint}"},
+                         run / "logs")
         _, got = time_to_answer(port)
         warm_ms.append((time.monotonic() - started) * 1000)
         answers.add(got)
-        node.stop(restored)
+        node.stop_container(restored, grace=1)
     if len(answers) != 1:
         raise RuntimeError(f"the restored replica answered differently: {answers}")
     return {"width": width, "layers": layers, "cold_ms": cold_ms, "warm_ms": warm_ms,
@@ -231,9 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         store = open_store(str(run / "store"), run / "store.keys")
         containerd = Containerd(config, build_images(run))
         try:
-            node = Node(containerd)
-            ckpt = checkpoint_part(node, store, args.mib, args.repeat, run)
-            warm = warm_part(node, store, args.repeat, args.width, args.layers, run)
+            ckpt = checkpoint_part(containerd, store, args.mib, args.repeat, run)
+            warm = warm_part(containerd, store, args.repeat, args.width, args.layers, run)
         finally:
             containerd.stop()
         mach = machine(run)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ferry.kube.containerd import install
-from ferry.kube.cri import CriClient
+from ferry.kube.cri import ContainerInfo, ContainerSpec, CriClient, PodSpec
 from tests.conftest import BIN
 from tests.oci import archive, make_image
 
@@ -107,6 +107,39 @@ class Containerd:
 
     def client(self) -> CriClient:
         return CriClient(self.endpoint)
+
+    def start(self, pod: PodSpec, box: ContainerSpec) -> str:
+        """A pod and its container, started as a kubelet starts them; the container's id."""
+        async def go() -> str:
+            async with self.client() as cri:
+                pod_id = await cri.run_pod(pod)
+                cid = await cri.create_container(pod_id, pod, box)
+                await cri.start_container(cid)
+                return cid
+
+        return asyncio.run(go())
+
+    def info(self, cid: str) -> ContainerInfo:
+        async def go() -> ContainerInfo:
+            async with self.client() as cri:
+                return await cri.container(cid)
+
+        return asyncio.run(go())
+
+    def stop_container(self, cid: str, grace: int = 30) -> None:
+        """As the kubelet stops it: SIGTERM, then SIGKILL after ``grace`` seconds."""
+        async def go() -> None:
+            async with self.client() as cri:
+                await cri.stop_container(cid, timeout=grace)
+
+        asyncio.run(go())
+
+    def lines(self, cid: str) -> list[str]:
+        """What the container wrote, from the CRI log (``TIME STREAM TAG TEXT`` per line)."""
+        path = self.info(cid).log
+        if not path.exists():
+            return []
+        return [line.split(" ", 3)[3] for line in path.read_text().splitlines() if line.count(" ") >= 3]
 
     def stop(self) -> None:
         async def remove_all() -> None:

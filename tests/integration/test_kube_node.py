@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ferry.kube.annotations import AUTO, CHECKPOINT_EVERY, CHECKPOINT_ON_STOP, RESTORE_FROM
-from ferry.kube.cri import ContainerInfo, ContainerSpec, PodSpec
+from ferry.kube.cri import ContainerSpec, PodSpec
 from ferry.kube.runtime import RESTORE_REPORT
 from ferry.store.keys import KeyRing, write_private
 from tests.conftest import BIN, PY, WORKLOADS, wait_until
@@ -62,41 +62,6 @@ def container(command: list[str]) -> ContainerSpec:
                          mounts=[("/usr", "/usr", True), *((p, p, True) for p in here)])
 
 
-def start(node: Containerd, spec: PodSpec, box: ContainerSpec) -> str:
-    async def go() -> str:
-        async with node.client() as cri:
-            pod_id = await cri.run_pod(spec)
-            cid = await cri.create_container(pod_id, spec, box)
-            await cri.start_container(cid)
-            return cid
-
-    return asyncio.run(go())
-
-
-def info(node: Containerd, cid: str) -> ContainerInfo:
-    async def go() -> ContainerInfo:
-        async with node.client() as cri:
-            return await cri.container(cid)
-
-    return asyncio.run(go())
-
-
-def stop(node: Containerd, cid: str, grace: int = 30) -> None:
-    async def go() -> None:
-        async with node.client() as cri:
-            await cri.stop_container(cid, timeout=grace)
-
-    asyncio.run(go())
-
-
-def lines(node: Containerd, cid: str) -> list[str]:
-    """What the container wrote, from the CRI log (``TIME STREAM TAG TEXT`` per line)."""
-    path = info(node, cid).log
-    if not path.exists():
-        return []
-    return [line.split(" ", 3)[3] for line in path.read_text().splitlines() if line.count(" ") >= 3]
-
-
 def ferry(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     path = f"{BIN}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
     return subprocess.run([str(BIN / "ferry"), *args], capture_output=True, text=True, check=False,
@@ -107,54 +72,54 @@ def test_a_pod_checkpointed_on_one_node_continues_on_another(nodes: tuple[Path, 
                                                              tmp_path: Path) -> None:
     config, a, b = nodes
     want = subprocess.run([PY, *TRAIN], capture_output=True, text=True, check=True).stdout.splitlines()
-    cid = start(a, pod("trainer", {CHECKPOINT_EVERY: "10m", CHECKPOINT_ON_STOP: "true"}, tmp_path),
+    cid = a.start(pod("trainer", {CHECKPOINT_EVERY: "10m", CHECKPOINT_ON_STOP: "true"}, tmp_path),
                 container([PY, *TRAIN]))
-    wait_until(lambda: len(lines(a, cid)) >= 20, 120, "train.py's first steps in the container")
+    wait_until(lambda: len(a.lines(cid)) >= 20, 120, "train.py's first steps in the container")
 
     periodic = ferry(config, "pod", "checkpoint", cid, "--endpoint", a.endpoint, "-o", "json")
     assert periodic.returncode == 0, periodic.stderr
     first = json.loads(periodic.stdout)
     assert first["job"] == "k8s.ml.trainer.main" and not first["final"] and first["parent"] is None
-    seen = len(lines(a, cid))
-    wait_until(lambda: len(lines(a, cid)) >= seen + 10, 60, "the container to run on after a leave-running dump")
-    assert info(a, cid).state == "running"
+    seen = len(a.lines(cid))
+    wait_until(lambda: len(a.lines(cid)) >= seen + 10, 60, "the container to run on after a leave-running dump")
+    assert a.info(cid).state == "running"
 
-    stop(a, cid)  # as the kubelet stops a container whose pod goes: the runtime checkpoints it instead
-    assert info(a, cid).state == "exited"
+    a.stop_container(cid)  # as the kubelet stops a container whose pod goes: the runtime checkpoints it instead
+    assert a.info(cid).state == "exited"
     listed = ferry(config, "pod", "checkpoints", "k8s.ml.trainer.main", "-o", "json")
     assert listed.returncode == 0, listed.stderr
     checkpoints = json.loads(listed.stdout)
     assert [c["checkpoint"] for c in checkpoints][:1] == [first["checkpoint"]] and len(checkpoints) == 2
     last = checkpoints[1]
     assert last["final"] and last["parent"] == first["checkpoint"]
-    before = lines(a, cid)
+    before = a.lines(cid)
     assert 30 <= len(before) < len(want) - 20, "the checkpoint came too late to test a restore"
 
     # the replacement, as a workload's controller recreates it: same names, restore-from auto
-    moved = start(b, pod("trainer", {RESTORE_FROM: AUTO}, tmp_path), container([PY, *TRAIN]))
+    moved = b.start(pod("trainer", {RESTORE_FROM: AUTO}, tmp_path), container([PY, *TRAIN]))
     report = json.loads((b.bundle(moved) / RESTORE_REPORT).read_text())
     assert report["restored"] is True and report["checkpoint"] == last["checkpoint"], report
-    wait_until(lambda: info(b, moved).state == "exited", 180, "the restored container to finish")
-    assert info(b, moved).exit_code == 0
-    after = lines(b, moved)
+    wait_until(lambda: b.info(moved).state == "exited", 180, "the restored container to finish")
+    assert b.info(moved).exit_code == 0
+    after = b.lines(moved)
     assert before + after == want, "the restored container did not continue where the first one stopped"
 
     # the job's work went on from that checkpoint: a later pod of the same job starts anew
-    again = start(a, pod("trainer", {RESTORE_FROM: AUTO}, tmp_path), container([PY, *TRAIN]))
-    wait_until(lambda: lines(a, again)[:1] == want[:1], 60, "a later pod of the job to start from its first step")
+    again = a.start(pod("trainer", {RESTORE_FROM: AUTO}, tmp_path), container([PY, *TRAIN]))
+    wait_until(lambda: a.lines(again)[:1] == want[:1], 60, "a later pod of the job to start from its first step")
     report = json.loads((a.bundle(again) / RESTORE_REPORT).read_text())
     assert report["restored"] is False and "nothing to continue from" in report["reason"], report
-    stop(a, again)
+    a.stop_container(again)
 
 
 @pytest.mark.parametrize("value", ["k8s.ml.nobody.main", "../etc/passwd"])
 def test_a_restore_from_nothing_usable_starts_fresh_and_says_why(nodes: tuple[Path, Containerd, Containerd],
                                                                 tmp_path: Path, value: str) -> None:
     _, a, _ = nodes
-    cid = start(a, pod("fresh", {RESTORE_FROM: value}, tmp_path),
+    cid = a.start(pod("fresh", {RESTORE_FROM: value}, tmp_path),
                 container(["/bin/sh", "-c", "echo fresh; exec sleep 60"]))
-    wait_until(lambda: "fresh" in lines(a, cid), 30, "the container to start fresh")
-    said = lines(a, cid)  # the runtime's one line of why, on the container's stderr (kubectl logs shows it)
+    wait_until(lambda: "fresh" in a.lines(cid), 30, "the container to start fresh")
+    said = a.lines(cid)  # the runtime's one line of why, on the container's stderr (kubectl logs shows it)
     assert len(said) == 2 and said[0].startswith(f"ferry-runc: not restoring from {value}: "), said
     report = json.loads((a.bundle(cid) / RESTORE_REPORT).read_text())
     assert report["restored"] is False and report["restore_from"] == value
@@ -174,9 +139,9 @@ def test_the_node_agent_carries_out_its_nodes_checkpoint_requests(nodes: tuple[P
     config, a, _ = nodes
     settings = load_settings(config)
     store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
-    cid = start(a, pod("counter", {}, tmp_path),
+    cid = a.start(pod("counter", {}, tmp_path),
                 container(["/bin/sh", "-c", "i=0; while true; do echo $i; i=$((i+1)); sleep 0.1; done"]))
-    wait_until(lambda: len(lines(a, cid)) >= 5, 30, "the counter's output")
+    wait_until(lambda: len(a.lines(cid)) >= 5, 30, "the counter's output")
     api = KubeDouble()
     for name, target in (("counter-1", "counter"), ("ghost-1", "ghost")):
         api.put("ferrycheckpoints", {"apiVersion": "ferry.dev/v1alpha1", "kind": "FerryCheckpoint",
@@ -202,6 +167,6 @@ def test_the_node_agent_carries_out_its_nodes_checkpoint_requests(nodes: tuple[P
         ghost["status"]["message"]
     elsewhere = api.get("ferrycheckpoints", "ml", "elsewhere-1")
     assert elsewhere is not None and "status" not in elsewhere  # another node's agent's
-    seen = len(lines(a, cid))
-    wait_until(lambda: len(lines(a, cid)) > seen + 3, 30, "the counter to run on after a periodic checkpoint")
-    stop(a, cid, grace=1)  # sh as a pid 1 ignores SIGTERM
+    seen = len(a.lines(cid))
+    wait_until(lambda: len(a.lines(cid)) > seen + 3, 30, "the counter to run on after a periodic checkpoint")
+    a.stop_container(cid, grace=1)  # sh as a pid 1 ignores SIGTERM

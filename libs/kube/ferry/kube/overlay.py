@@ -102,8 +102,10 @@ def save_changes(upper: Path, archive: Path) -> Changes:
 
 
 def _inside(root: Path, rel: str) -> Path:
-    target = (root / rel).resolve() if not (root / rel).is_symlink() else (root / rel).parent.resolve() / Path(rel).name
-    if target != root.resolve() and root.resolve() not in target.parents:
+    """``root / rel`` with its folders resolved and its last part not followed (a link is removed,
+    not what it names); ValueError when that is outside ``root``."""
+    target, top = (root / rel).parent.resolve() / Path(rel).name, root.resolve()
+    if target != top and top not in target.parents:
         raise ValueError(f"{rel!r} leaves the root filesystem")
     return target
 
