@@ -7,19 +7,24 @@ read-only) so that train.py runs in a container without a registry."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from ferry.kube.containerd import install
 from ferry.kube.cri import ContainerInfo, ContainerSpec, CriClient, PodSpec
-from tests.conftest import BIN
+from ferry.store.keys import KeyRing, write_private
+from tests.conftest import BIN, WORKLOADS
 from tests.oci import archive, make_image
 
 PAUSE = "ferry.local/pause:1"
@@ -169,3 +174,36 @@ class Containerd:
         for mount in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def two_nodes(d: Path) -> Iterator[tuple[Path, Containerd, Containerd]]:
+    """Ferry's configuration (a store in ``d``) and two containerds standing for two nodes."""
+    require_containerd()
+    write_private(d / "store.keys", KeyRing.generate().to_json())
+    config = d / "ferry.yaml"
+    config.write_text(f"data_dir: {d / 'ferry'}\nstore_url: {d / 'store'}\nstore_key_file: {d / 'store.keys'}\n")
+    images = build_images(d)
+    a = Containerd(config, images)
+    try:
+        b = Containerd(config, images)
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield config, a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def pod(name: str, annotations: Mapping[str, str], logs: Path, namespace: str = "ml") -> PodSpec:
+    uid = uuid.uuid4().hex
+    return PodSpec(name=name, namespace=namespace, uid=uid, log_directory=str(logs / uid), annotations=annotations)
+
+
+def python_container(command: list[str], env: Mapping[str, str] | None = None) -> ContainerSpec:
+    """The app image with this machine's Python mounted read-only: its /usr, prefixes, the workloads."""
+    here = [str(Path(p)) for p in {sys.prefix, sys.base_prefix, str(WORKLOADS)}]
+    return ContainerSpec(name="main", image=APP, command=command, env={"PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+                         mounts=[("/usr", "/usr", True), *((p, p, True) for p in here)])

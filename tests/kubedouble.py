@@ -86,6 +86,7 @@ class KubeDouble:
                 current[key] = value
         self._changed(kind)
 
-    async def event(self, namespace: str, pod: str, reason: str, message: str, warning: bool = True) -> None:
-        self.events.append({"namespace": namespace, "pod": pod, "reason": reason, "message": message,
-                            "type": "Warning" if warning else "Normal"})
+    async def event(self, namespace: str, name: str, reason: str, message: str, warning: bool = True,
+                    kind: str = "Pod") -> None:
+        self.events.append({"namespace": namespace, "name": name, "kind": kind,
+                            "reason": reason, "message": message, "type": "Warning" if warning else "Normal"})

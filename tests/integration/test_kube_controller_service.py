@@ -39,7 +39,7 @@ async def test_the_controller_service_acts_on_a_watched_change_and_drains(nats_u
         while not api.events:
             assert time.monotonic() - started < 10, "the watch did not wake the controller"
             await asyncio.sleep(0.05)
-        assert api.events[0]["reason"] == "FerryRuntimeClassMissing" and api.events[0]["pod"] == "late"
+        assert api.events[0]["reason"] == "FerryRuntimeClassMissing" and api.events[0]["name"] == "late"
         while not events:
             assert time.monotonic() - started < 10, "no cluster event for the decision"
             await asyncio.sleep(0.05)

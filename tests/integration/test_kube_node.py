@@ -13,19 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ferry.kube.annotations import AUTO, CHECKPOINT_EVERY, CHECKPOINT_ON_STOP, RESTORE_FROM
-from ferry.kube.cri import ContainerSpec, PodSpec
+from ferry.kube.cri import ContainerSpec
 from ferry.kube.runtime import RESTORE_REPORT
-from ferry.store.keys import KeyRing, write_private
 from tests.conftest import BIN, PY, WORKLOADS, wait_until
-from tests.cri import APP, Containerd, build_images, require_containerd
+from tests.cri import Containerd, pod, python_container, two_nodes
 
 pytestmark = [pytest.mark.criu]
 
@@ -34,32 +31,12 @@ TRAIN = [str(WORKLOADS / "train.py"), "--steps", "150", "--sleep", "0.03", "--wi
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Containerd, Containerd]]:
-    require_containerd()
-    d = tmp_path_factory.mktemp("kube")
-    write_private(d / "store.keys", KeyRing.generate().to_json())
-    config = d / "ferry.yaml"
-    config.write_text(f"data_dir: {d / 'ferry'}\nstore_url: {d / 'store'}\nstore_key_file: {d / 'store.keys'}\n")
-    images = build_images(d)
-    a = Containerd(config, images)
-    try:
-        b = Containerd(config, images)
-    except BaseException:
-        a.stop()
-        raise
-    yield config, a, b
-    a.stop()
-    b.stop()
-
-
-def pod(name: str, annotations: dict[str, str], logs: Path) -> PodSpec:
-    uid = uuid.uuid4().hex
-    return PodSpec(name=name, namespace="ml", uid=uid, log_directory=str(logs / uid), annotations=annotations)
+    with two_nodes(tmp_path_factory.mktemp("kube")) as cluster:
+        yield cluster
 
 
 def container(command: list[str]) -> ContainerSpec:
-    here = [str(Path(p)) for p in {sys.prefix, sys.base_prefix, str(WORKLOADS)}]
-    return ContainerSpec(name="main", image=APP, command=command, env={"PYTHONDONTWRITEBYTECODE": "1"},
-                         mounts=[("/usr", "/usr", True), *((p, p, True) for p in here)])
+    return python_container(command)
 
 
 def ferry(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -72,7 +72,8 @@ def test_rbac_grants_only_what_the_code_calls() -> None:
         *(("", "nodes", v) for v in ("get", "list", "watch")), ("", "events", "create"),
         *(("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch")),
         *(("ferry.dev", "ferrycheckpoints", v) for v in ("get", "list", "watch", "create", "delete")),
-        *(("serving.kserve.io", "inferenceservices", v) for v in ("get", "list", "watch", "patch"))}
+        *(("serving.kserve.io", "inferenceservices", v) for v in ("get", "list", "watch", "patch")),
+        *(("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch"))}
     agent = rules("ferry-podagent")
     assert agent == {*(("ferry.dev", "ferrycheckpoints", v) for v in ("get", "list", "watch")),
                      ("ferry.dev", "ferrycheckpoints/status", "patch")}

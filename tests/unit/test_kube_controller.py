@@ -84,7 +84,7 @@ def test_a_kueue_eviction_is_said_on_the_jobs_pods_that_lose_work() -> None:
     api.put("pods", make_pod("loses", owner=True, annotations={"ferry.dev/checkpoint-every": "1h"}))
     api.put("pods", make_pod("other", annotations={"ferry.dev/checkpoint-every": "1h"}))  # not the Job's
     run_pass(api, now=0.0)  # before the pods started: no periodic checkpoint is due
-    assert [(e["pod"], e["reason"]) for e in api.events] == [("loses", "FerryWorkLost")]
+    assert [(e["name"], e["reason"]) for e in api.events] == [("loses", "FerryWorkLost")]
 
 
 def test_a_warm_checkpoint_of_an_inference_service_reaches_its_predictor() -> None:

@@ -92,6 +92,8 @@ def test_periodic_checkpoints_come_when_due_and_never_two_at_once() -> None:
     assert pod_actions(make_pod(phase="Pending"), [], NOW) == []
     [bad] = pod_actions(make_pod(annotations={"ferry.dev/checkpoint-every": "often"}), [], NOW)
     assert isinstance(bad, Warn) and bad.reason == "FerryBadAnnotation"
+    [bad] = pod_actions(make_pod(annotations={"ferry.dev/group": "bert", "ferry.dev/group-size": "-1"}), [], NOW)
+    assert isinstance(bad, Warn) and bad.reason == "FerryBadAnnotation" and "group-size" in bad.message
 
 
 @pytest.mark.parametrize("node", [

@@ -28,6 +28,11 @@ JOB = PREFIX + "job"  # a container's job id in the store, when the pod names it
 # "true": when the kubelet stops the container (SIGTERM), the runtime checkpoints it instead, so that
 # the container ends with a final checkpoint that a replacement pod restores from
 CHECKPOINT_ON_STOP = PREFIX + "checkpoint-on-stop"
+# the pods of one distributed job, checkpointed together as they stop (ferry.kube.groups): the
+# group's name, its number of pods, and how long a stopping member waits for the others
+GROUP = PREFIX + "group"
+GROUP_SIZE = PREFIX + "group-size"
+GROUP_WAIT = PREFIX + "group-wait"
 # set by containerd's CRI plugin in every container's spec
 CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 CRI_CONTAINER_NAME = "io.kubernetes.cri.container-name"

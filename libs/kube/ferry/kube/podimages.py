@@ -142,7 +142,7 @@ def checkpoint(store: CheckpointStore, *, root: str, container_id: str, work: Pa
 
     state = state or runc_state(root, container_id)
     job = job or job_of(state.annotations, container_id[:12])
-    if state.status != "running":
+    if state.status not in ("running", "paused"):
         raise DumpFailed(f"container {container_id} is {state.status}, not running")
     images = work / new_id("img")
     images.mkdir(parents=True)

@@ -16,6 +16,9 @@ creates it again. What is decided here:
 - a node that is lost (NotReady longer than the grace) has each opted-in pod's newest checkpoint
   made resumable, and a pod no controller owns is recreated, without its node, restoring from it;
 - a Kueue Workload evicted (preempted) whose pods would lose their work is marked, as above;
+- a Kubeflow PyTorchJob whose replicas opt in but would not be checkpointed together, or could
+  not resume, gets an event that says what its pod templates lack (``training_actions``): the
+  coordinated checkpoint itself is the runtime's, as the replicas stop (``ferry.kube.groups``);
 - a KServe InferenceService with ``ferry.dev/warm-start: "true"`` gets a checkpoint of its first
   ready replica (``reason: warm``), and then its new replicas restore from it instead of loading
   their model again (its predictor's annotations name the checkpoint).
@@ -28,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from ferry.common.errors import UsageError
 from ferry.common.units import parse_duration
 from ferry.kube.annotations import (
     AUTO,
@@ -36,12 +40,15 @@ from ferry.kube.annotations import (
     CRI_CONTAINER_NAME,
     CRI_POD_NAME,
     CRI_POD_NAMESPACE,
+    GROUP,
+    GROUP_SIZE,
     PREFIX,
     RESTORE_FROM,
     RUNTIME_HANDLER,
     is_true,
     job_of,
 )
+from ferry.kube.groups import group_of
 
 Obj = Mapping[str, Any]
 
@@ -102,6 +109,18 @@ class WarmStart(BaseModel):
     restore_from: str
 
 
+class Note(BaseModel):
+    """An event on a workload object (not a pod): what its pod templates lack."""
+
+    kind: Literal["note"] = "note"
+    object_kind: str
+    namespace: str
+    name: str
+    generation: int  # noted once per generation of the object's spec
+    reason: str
+    message: str
+
+
 class Forget(BaseModel):
     """Delete a FerryCheckpoint object that has ended (the checkpoint stays in the store)."""
 
@@ -110,7 +129,7 @@ class Forget(BaseModel):
     name: str
 
 
-Action = Checkpoint | Warn | MakeResumable | Recreate | WarmStart | Forget
+Action = Checkpoint | Warn | MakeResumable | Recreate | WarmStart | Forget | Note
 KEEP_RECORDS = 5  # ended FerryCheckpoint objects kept per pod
 
 
@@ -237,6 +256,12 @@ def pod_actions(pod: Obj, checkpoints: Sequence[CheckpointRecord], now: float) -
             namespace=namespace, pod=name, reason=reason,
             message=f"the pod has Ferry annotations but not spec.runtimeClassName: {RUNTIME_HANDLER}, so Ferry "
                     "leaves it alone: set the RuntimeClass to have it checkpointed")]
+    try:
+        group_of(annotations_of(pod))
+    except UsageError as exc:
+        reason = "FerryBadAnnotation"
+        return [] if _warned(pod, reason) else [Warn(
+            namespace=namespace, pod=name, reason=reason, message=f"{exc}: the pod is checkpointed on its own")]
     every = annotations_of(pod).get(CHECKPOINT_EVERY)
     if not every or not running(pod):
         return []
@@ -354,3 +379,63 @@ def isvc_actions(isvc: Obj, pods: Sequence[Obj], checkpoints: Sequence[Checkpoin
     pod = candidates[0]
     return [Checkpoint(namespace=namespace, pod=_meta(pod).get("name", ""),
                        node=(pod.get("spec") or {}).get("nodeName", ""), reason=WARM)]
+
+
+# -- Kubeflow ------------------------------------------------------------------------------------------
+
+
+def _lacks(template: Obj, total: int) -> list[tuple[str, str]]:
+    """What one replica type's pod template lacks for its pods to be checkpointed together with
+    the rest of the job's ``total`` pods as they stop, and to resume from that checkpoint."""
+    meta, spec = template.get("metadata") or {}, template.get("spec") or {}
+    notes = dict(meta.get("annotations") or {})
+    if spec.get("runtimeClassName") != RUNTIME_HANDLER:
+        return [("FerryRuntimeClassMissing", f"spec.runtimeClassName: {RUNTIME_HANDLER} is missing: Ferry leaves "
+                                             "these pods alone")]
+    lacks = []
+    if not is_true(notes.get(CHECKPOINT_ON_STOP)):
+        lacks.append(("FerryNoCheckpointOnStop", f"without {CHECKPOINT_ON_STOP}: \"true\" a suspended or preempted "
+                                                 "job loses the work since its last checkpoint"))
+    if notes.get(RESTORE_FROM) != AUTO:
+        lacks.append(("FerryNoResume", f"without {RESTORE_FROM}: auto the replicas start afresh when the job "
+                                       "resumes"))
+    if total > 1:
+        try:
+            group = group_of(notes)
+        except UsageError as exc:
+            return [*lacks, ("FerryBadAnnotation", str(exc))]
+        if group is None:
+            lacks.append(("FerryNoGroup", f"{total} replicas without {GROUP}: each is checkpointed alone, at "
+                                          "another moment, and their connections to one another do not restore"))
+        elif group.size != total:
+            lacks.append(("FerryGroupSize", f"{GROUP_SIZE}: {group.size}, but the job has {total} replicas: its "
+                                            "stops would wait for members that never come"))
+        if not spec.get("hostNetwork"):
+            lacks.append(("FerryPodNetwork", "the replicas' connections to one another restore only at the same "
+                                             "addresses: with pod IPs they start afresh; use hostNetwork"))
+    return lacks
+
+
+def training_actions(job: Obj) -> list[Action]:
+    """A Kubeflow PyTorchJob (``kubeflow.org/v1``) whose replicas opt in to Ferry: an event for each
+    thing its replica templates lack (``_lacks``), once per generation."""
+    meta = _meta(job)
+    replica_specs = ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {})
+    templates = {kind: (int(rs.get("replicas", 1)), rs.get("template") or {}) for kind, rs in replica_specs.items()}
+    opted = {kind: (n, t) for kind, (n, t) in templates.items()
+             if any(k.startswith(PREFIX) for k in ((t.get("metadata") or {}).get("annotations") or {}))
+             or (t.get("spec") or {}).get("runtimeClassName") == RUNTIME_HANDLER}
+    if not opted:
+        return []
+    total = sum(n for n, _ in templates.values())
+    found: dict[str, list[str]] = {}
+    for kind in templates:
+        if kind not in opted:
+            found.setdefault("FerryPartlyOptedIn", []).append(f"{kind}: no Ferry annotations, so it is not "
+                                                              "checkpointed with the others")
+            continue
+        for reason, message in _lacks(opted[kind][1], total):
+            found.setdefault(reason, []).append(f"{kind}: {message}")
+    return [Note(object_kind=job.get("kind", "PyTorchJob"), namespace=meta.get("namespace", "default"),
+                 name=meta.get("name", ""), generation=int(meta.get("generation", 0)), reason=reason,
+                 message="; ".join(messages)) for reason, messages in sorted(found.items())]

@@ -2,7 +2,8 @@
 ``ferry`` (the runtime's ``BinaryName``). Every call goes to Debian's runc unchanged, except:
 
 - ``create`` of a container (not the pod's sandbox): its spec gains ``org.criu.config``, so that
-  the node agent's ``runc checkpoint`` and a later ``runc restore`` use Ferry's CRIU options;
+  the node agent's ``runc checkpoint`` and a later ``runc restore`` use Ferry's CRIU options, and
+  a seccomp rule that refuses io_uring (``ferry.kube.ocispec``), which CRIU cannot dump;
 - ``create`` of a container whose pod carries ``ferry.dev/restore-from``: the checkpoint is
   fetched from Ferry's store (verified), the root filesystem's changes are laid over the new
   container's root filesystem, and ``runc restore --detach`` runs in place of ``runc create``.
@@ -15,6 +16,9 @@
   container is checkpointed into the store as it ends (``runc checkpoint``, which leaves it dead)
   instead of being sent SIGTERM. That happens before the pod's grace period runs out; when the
   checkpoint fails the SIGTERM is sent after all, and the container ends as it would have.
+  A container of a group (``ferry.dev/group``: a distributed job's replicas) is checkpointed
+  together with the others (``ferry.kube.groups``), and ``restore-from: auto`` continues it from
+  the group's newest record.
 
 The store is the one Ferry's configuration names (``FERRY_CONFIG``, ``FERRY_*``), which the node
 agent's DaemonSet gives containerd's environment.
@@ -28,12 +32,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry.kube.runcargs import RuncCall, parse, restore_argv
 
+if TYPE_CHECKING:
+    from ferry.kube.groups import GroupSpec
+    from ferry.kube.podimages import RuncState
+    from ferry.store.store import CheckpointStore
+
 RESTORED_MARK = "ferry-restored"  # in runc's state folder of a container that was restored
 RESTORE_REPORT = "ferry-restore.json"  # in the bundle: what became of a restore-from
+GROUP_FILE = "ferry-group.json"  # in the bundle of a group member: its group and incarnation
 
 
 def real_runc() -> str:
@@ -56,44 +66,88 @@ def _report(bundle: Path, **fields: Any) -> dict[str, Any]:
 
 
 def _prepare(call: RuncCall) -> tuple[list[str], dict[str, Any]] | None:
-    """For a ``create``: the spec's CRIU options, then the restore to run instead (and its report
-    so far), if any."""
+    """For a ``create``: the spec's CRIU options and io_uring refused, then the restore to run
+    instead (and its report so far), if any; a group member joins its group's incarnation."""
     from ferry.kube.annotations import CRI_CONTAINER_TYPE, RESTORE_FROM, job_of
+    from ferry.kube.groups import FRESH
+    from ferry.kube.ocispec import refuse_io_uring
     from ferry.kube.podimages import CRIU_ANNOTATION, write_criu_conf
 
     bundle = Path(call.bundle or ".")
     spec_path = bundle / "config.json"
     spec = json.loads(spec_path.read_text())
-    annotations = spec.setdefault("annotations", {})
-    if annotations.get(CRI_CONTAINER_TYPE) == "sandbox":
+    if (spec.get("annotations") or {}).get(CRI_CONTAINER_TYPE) == "sandbox":
         return None
+    spec = refuse_io_uring(spec)
+    annotations = spec.setdefault("annotations", {})
     annotations[CRIU_ANNOTATION] = str(write_criu_conf(bundle))
     spec_path.write_text(json.dumps(spec))
+    job = job_of(annotations)
+    group = _group(annotations)
     value = annotations.get(RESTORE_FROM)
-    if not value:
-        return None
-    try:
-        fetched = _fetch(bundle, value, job_of(annotations))
-    except Exception as exc:  # any failure means a fresh start, said in the report
-        _report(bundle, restored=False, restore_from=value, reason=f"{type(exc).__name__}: {exc}")
-        print(f"ferry-runc: not restoring from {value}: {exc}; starting fresh", file=sys.stderr)
-        return None
+    fetched = None
+    if value:
+        try:
+            fetched = _fetch(bundle, value, job, group)
+        except Exception as exc:  # any failure means a fresh start, said in the report
+            _report(bundle, restored=False, restore_from=value, reason=f"{type(exc).__name__}: {exc}")
+            print(f"ferry-runc: not restoring from {value}: {exc}; starting fresh", file=sys.stderr)
+    if group is not None:
+        _join(bundle, group, fetched[2] if fetched else FRESH, job)
     if fetched is None:
         return None
-    images, report = fetched
+    images, report, _ = fetched
     return restore_argv(call, images=str(images), work=str(bundle / "ferry-restore-work")), report
 
 
-def _fetch(bundle: Path, value: str, job: str) -> tuple[Path, dict[str, Any]] | None:
+def _group(annotations: dict[str, str]) -> GroupSpec | None:
+    """The container's group, if its pod names one; a wrong one is said and ignored."""
+    from ferry.kube.groups import group_of
+
+    try:
+        return group_of(annotations)
+    except Exception as exc:
+        print(f"ferry-runc: {exc}; checkpointed on its own", file=sys.stderr)
+        return None
+
+
+def _join(bundle: Path, group: GroupSpec, base: str, job: str) -> None:
+    """Record which incarnation of the group this container is (``base``) and clear its markers
+    of that incarnation left by an earlier container of the job."""
+    from ferry.kube.groups import unsay
+    from ferry.kube.podimages import open_configured_store
+
+    (bundle / GROUP_FILE).write_text(json.dumps({"group": group.name, "base": base}) + "\n")
+    try:
+        unsay(open_configured_store().backend, group.name, base, job)
+    except Exception as exc:
+        print(f"ferry-runc: could not clear {job}'s old markers in group {group.name}: {exc}", file=sys.stderr)
+
+
+def _fetch(bundle: Path, value: str, job: str, group: GroupSpec | None
+           ) -> tuple[Path, dict[str, Any], str] | None:
     """The checkpoint's images in the bundle and its root filesystem changes applied, with the
-    report so far; None for ``auto`` with nothing to continue from (a first start, or its last
-    stop was continued)."""
+    report so far and the group record it belongs to (``FRESH`` for none); None for ``auto`` with
+    nothing to continue from (a first start, or its last stop was continued)."""
     from ferry.kube.annotations import AUTO, CheckpointRef, parse_restore_from
+    from ferry.kube.groups import FRESH
     from ferry.kube.overlay import apply_changes
-    from ferry.kube.podimages import ROOTFS_CHANGES, fetch, open_configured_store, resumable
+    from ferry.kube.podimages import ROOTFS_CHANGES, consumed_key, fetch, open_configured_store, resumable
 
     store = open_configured_store()
-    if value.strip() == AUTO:
+    base = FRESH
+    if value.strip() == AUTO and group is not None:
+        from ferry.kube.groups import choose, records
+
+        record = choose(records(store.backend, group.name), job,
+                        lambda ck: store.backend.exists(consumed_key(job, ck)))
+        if record is None:
+            _report(bundle, restored=False, restore_from=value, job=job, group=group.name,
+                    reason=f"nothing to continue from: group {group.name} has no checkpoint of {job} that "
+                           "was not continued already")
+            return None
+        ref, base = CheckpointRef(job=job, checkpoint=record.members[job]), record.round
+    elif value.strip() == AUTO:
         found = resumable(store, job)
         if found is None:
             _report(bundle, restored=False, restore_from=value, job=job,
@@ -106,8 +160,9 @@ def _fetch(bundle: Path, value: str, job: str) -> tuple[Path, dict[str, Any]] | 
     manifest = fetch(store, ref, images)
     if (images / ROOTFS_CHANGES).exists():
         apply_changes(images / ROOTFS_CHANGES, bundle / "rootfs")
-    report = _report(bundle, restored=None, restore_from=value, checkpoint=manifest.checkpoint, job=manifest.job)
-    return images, report
+    report = _report(bundle, restored=None, restore_from=value, checkpoint=manifest.checkpoint, job=manifest.job,
+                     **({"group": group.name, "round": base} if base != FRESH and group else {}))
+    return images, report, base
 
 
 def _checkpoint_on_stop(call: RuncCall) -> bool:
@@ -125,13 +180,58 @@ def _checkpoint_on_stop(call: RuncCall) -> bool:
     if not is_true(state.annotations.get(CHECKPOINT_ON_STOP)) or state.status != "running" or \
             state.annotations.get(CRI_CONTAINER_TYPE) == "sandbox":
         return False
+    group = _group(state.annotations)
     try:
-        done = checkpoint(open_configured_store(), root=root, container_id=cid, state=state,
-                          work=Path(state.bundle) / "ferry-stop", final=True)
+        store = open_configured_store()
+        if group is not None:
+            return _group_stop(store, root, state, group)
+        done = checkpoint(store, root=root, container_id=cid, state=state, work=Path(state.bundle) / "ferry-stop",
+                          final=True)
     except Exception as exc:  # the SIGTERM after all: the container ends as it would have
         print(f"ferry-runc: checkpoint on stop of {cid} failed, sending SIGTERM: {exc}", file=sys.stderr)
         return False
     print(json.dumps({"checkpoint_on_stop": done.model_dump()}), file=sys.stderr)
+    return True
+
+
+def _group_stop(store: CheckpointStore, root: str, state: RuncState, group: GroupSpec) -> bool:
+    """A group member's final checkpoint (``ferry.kube.groups``): frozen, every member frozen,
+    dumped, every member dumped, the group's record. False (the SIGTERM after all, unfrozen) when
+    the others were not all frozen in time or the dump failed."""
+    import time
+
+    from ferry.kube import groups
+    from ferry.kube.annotations import job_of
+    from ferry.kube.podimages import checkpoint, runc_base
+
+    cid, bundle = state.id, Path(state.bundle)
+    job = job_of(state.annotations, cid[:12])
+    try:
+        base = json.loads((bundle / GROUP_FILE).read_text())["base"]
+    except (OSError, ValueError, KeyError):
+        base = groups.FRESH
+    backend = store.backend
+    subprocess.run([*runc_base(root), "pause", cid], check=True, capture_output=True)
+    try:
+        groups.say(backend, group.name, base, "frozen", job)
+        if groups.wait_for(backend, group.name, base, "frozen", group.size, time.monotonic() + group.wait_s) is None:
+            raise TimeoutError(f"not every member of group {group.name} ({group.size}) stopped within "
+                               f"{group.wait_s:g} s")
+        done = checkpoint(store, root=root, container_id=cid, state=state, work=bundle / "ferry-stop", final=True)
+    except Exception as exc:
+        groups.unsay(backend, group.name, base, job)
+        subprocess.run([*runc_base(root), "resume", cid], check=False, capture_output=True)
+        print(f"ferry-runc: no group checkpoint of {group.name}: {exc}; sending SIGTERM", file=sys.stderr)
+        return False
+    groups.say(backend, group.name, base, "done", job, done.checkpoint)
+    everyone = groups.wait_for(backend, group.name, base, "done", group.size, time.monotonic() + group.wait_s)
+    if everyone is None:
+        print(f"ferry-runc: {job} checkpointed, but not every member of group {group.name} was: the group's "
+              "last checkpoint stands", file=sys.stderr)
+        return True
+    record = groups.record_for(group.name, everyone)
+    groups.commit(backend, record)
+    print(json.dumps({"checkpoint_on_stop": done.model_dump(), "group": record.model_dump()}), file=sys.stderr)
     return True
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 
-Kind = Literal["pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices"]
-KINDS: tuple[Kind, ...] = ("pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices")
+Kind = Literal["pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices", "pytorchjobs"]
+KINDS: tuple[Kind, ...] = ("pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices", "pytorchjobs")
+OPTIONAL: tuple[Kind, ...] = ("workloads", "inferenceservices", "pytorchjobs")  # Kueue's, KServe's, Kubeflow's
 GROUP = "ferry.dev"
 VERSION = "v1alpha1"
 CHECKPOINT_KIND = "FerryCheckpoint"
@@ -34,5 +35,7 @@ class KubeApi(Protocol):
     async def patch_status(self, kind: Kind, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge ``status`` into the object's status (for pods: ``conditions`` entries by type)."""
 
-    async def event(self, namespace: str, pod: str, reason: str, message: str, warning: bool = True) -> None:
-        """An Event on the pod, as ``kubectl describe pod`` shows."""
+    async def event(self, namespace: str, name: str, reason: str, message: str, warning: bool = True,
+                    kind: str = "Pod") -> None:
+        """An Event on the object (a pod unless ``kind`` says otherwise: ``PyTorchJob``), as ``kubectl
+        describe`` shows."""

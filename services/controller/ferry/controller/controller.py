@@ -19,6 +19,7 @@ from ferry.kube.reconcile import (
     CheckpointRecord,
     Forget,
     MakeResumable,
+    Note,
     Recreate,
     WarmStart,
     Warn,
@@ -27,6 +28,7 @@ from ferry.kube.reconcile import (
     pod_actions,
     prune,
     timestamp,
+    training_actions,
     workload_actions,
 )
 from ferry.store.store import CheckpointStore
@@ -71,6 +73,8 @@ async def decide(api: KubeApi, now: float) -> list[Action]:
         actions += workload_actions(workload, workload_pods(workload, pods))
     for isvc in await api.list("inferenceservices"):
         actions += isvc_actions(isvc, pods, records)
+    for job in await api.list("pytorchjobs"):
+        actions += training_actions(job)
     actions += prune(records)
     return actions
 
@@ -84,11 +88,22 @@ def checkpoint_request(action: Checkpoint, now: float) -> dict[str, Any]:
             "status": {"phase": "Pending"}}
 
 
-async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequence[Action], now: float) -> None:
+async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequence[Action], now: float,
+                    noted: set[tuple[str, str, str, int, str]] | None = None) -> list[Action]:
+    """The actions, in order; those carried out. ``noted``: the Notes made already (by this
+    controller), which are not made again; the set gains the new ones."""
     from ferry.kube.podimages import make_resumable
 
+    noted = set() if noted is None else noted
+    done: list[Action] = []
     for action in actions:
+        if isinstance(action, Note):
+            key = (action.object_kind, action.namespace, action.name, action.generation, action.reason)
+            if key in noted:
+                continue
+            noted.add(key)
         log.info("decision: %s", action.model_dump_json())
+        done.append(action)
         if isinstance(action, Checkpoint):
             try:
                 await api.create("ferrycheckpoints", action.namespace, checkpoint_request(action, now))
@@ -105,6 +120,8 @@ async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequen
                 continue
             made = make_resumable(store, action.job)
             log.info("job %s: %s", action.job, f"resumable from {made}" if made else "has no checkpoint")
+        elif isinstance(action, Note):
+            await api.event(action.namespace, action.name, action.reason, action.message, kind=action.object_kind)
         elif isinstance(action, Forget):
             await api.delete("ferrycheckpoints", action.namespace, action.name)
         elif isinstance(action, WarmStart):
@@ -115,4 +132,4 @@ async def carry_out(api: KubeApi, store: CheckpointStore | None, actions: Sequen
             await api.create("pods", action.namespace, action.manifest)
             await api.event(action.namespace, action.pod, "FerryRecreated",
                             "its node was lost: created again, restoring from its newest checkpoint", warning=False)
-
+    return done

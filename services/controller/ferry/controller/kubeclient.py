@@ -14,11 +14,13 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ferry.common.errors import AlreadyExistsError
-from ferry.controller.api import GROUP, VERSION, Kind
+from ferry.controller.api import GROUP, KINDS, OPTIONAL, VERSION, Kind
 
 _CUSTOM = {"workloads": ("kueue.x-k8s.io", "v1beta1", "workloads"),
            "inferenceservices": ("serving.kserve.io", "v1beta1", "inferenceservices"),
+           "pytorchjobs": ("kubeflow.org", "v1", "pytorchjobs"),
            "ferrycheckpoints": (GROUP, VERSION, "ferrycheckpoints")}
+_API_VERSIONS = {"Pod": "v1", "PyTorchJob": "kubeflow.org/v1"}
 
 
 class KubeClient:
@@ -51,8 +53,8 @@ class KubeClient:
         try:
             found = await self._lister(kind)()
         except ApiException as exc:
-            if exc.status == 404 and kind in ("workloads", "inferenceservices"):
-                return []  # Kueue or KServe is not installed
+            if exc.status == 404 and kind in OPTIONAL:
+                return []  # Kueue, KServe or Kubeflow's training operator is not installed
             raise
         if isinstance(found, dict):
             return list(found.get("items") or [])
@@ -72,8 +74,7 @@ class KubeClient:
                         return  # a kind this cluster does not have (Kueue's)
                     await asyncio.sleep(5)
 
-        kinds: tuple[Kind, ...] = ("pods", "nodes", "workloads", "ferrycheckpoints", "inferenceservices")
-        tasks = [asyncio.create_task(follow(k)) for k in kinds]
+        tasks = [asyncio.create_task(follow(k)) for k in KINDS]
         try:
             while True:
                 yield await queue.get()
@@ -114,13 +115,15 @@ class KubeClient:
             await self.custom.patch_namespaced_custom_object_status(group, version, namespace, plural, name,
                                                                     {"status": status})
 
-    async def event(self, namespace: str, pod: str, reason: str, message: str, warning: bool = True) -> None:
+    async def event(self, namespace: str, name: str, reason: str, message: str, warning: bool = True,
+                    kind: str = "Pod") -> None:
         import datetime
 
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: Any = {
-            "metadata": {"generateName": f"{pod}.ferry-", "namespace": namespace},
-            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": pod, "apiVersion": "v1"},
+            "metadata": {"generateName": f"{name}.ferry-", "namespace": namespace},
+            "involvedObject": {"kind": kind, "namespace": namespace, "name": name,
+                               "apiVersion": _API_VERSIONS.get(kind, "v1")},
             "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
             "source": {"component": "ferry-controller"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
         await self.core.create_namespaced_event(namespace, body)

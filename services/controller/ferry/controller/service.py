@@ -83,12 +83,12 @@ class ControllerService(_KubeService):
 
     async def run(self) -> None:
         assert self.api is not None
+        noted: set[tuple[str, str, str, int, str]] = set()
         while not self.stopping.is_set():
             try:
                 now = time.time()
                 actions = await controller.decide(self.api, now)
-                await controller.carry_out(self.api, self.store, actions, now)
-                for action in actions:
+                for action in await controller.carry_out(self.api, self.store, actions, now, noted):
                     if self.bus is not None:
                         with contextlib.suppress(Exception):
                             await self.bus.publish(wire.cluster_event_subject("kube", action.kind),
