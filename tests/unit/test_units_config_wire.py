@@ -151,3 +151,34 @@ def test_cluster_events_have_their_subjects_in_wire() -> None:
     assert wire.is_user_event(wire.job_event_subject("job-1", "started"))
     assert wire.is_user_event(wire.cluster_event_subject("node_lost", "n"))
     assert not wire.is_user_event(wire.node_event_subject("n", "started"))
+
+
+@pytest.mark.parametrize("argv", [
+    ["nodes", "-o", "json"], ["-o", "json", "ps", "-a"], ["--addr", "127.0.0.1:1", "status", "t1"],
+    ["run", "--name", "t", "--", "python", "-c", "print(1)", "nodes"], ["pod", "checkpoints", "k8s.ml.p.main"],
+    ["--reason", "ray up", "ray", "up", "--workers", "3"], ["store", "verify"], ["signals"],
+    ["simulate", "--help-not", "x"], ["slurm", "bridge"]])
+def test_a_command_parses_the_same_with_only_its_own_parser(argv: list[str]) -> None:
+    from ferry.cli.main import HANDLERS, LOCAL, command_of
+
+    name = command_of(argv)
+    assert name in HANDLERS or name in LOCAL
+    try:
+        want = vars(build_parser().parse_args(argv))
+    except SystemExit as exc:  # refused by the whole parser: refused alike by the command's
+        with pytest.raises(SystemExit) as again:
+            build_parser(name).parse_args(argv)
+        assert again.value.code == exc.code
+        return
+    assert vars(build_parser(name).parse_args(argv)) == want
+    only = build_parser(name)
+    sub = next(a for a in only._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == [name]  # the others were not built
+
+
+def test_the_command_is_found_past_the_global_options() -> None:
+    from ferry.cli.main import command_of
+
+    assert command_of(["-o", "json", "--addr", "x:1", "nodes"]) == "nodes"
+    assert command_of(["--output=json", "ps"]) == "ps"
+    assert command_of(["-h"]) is None and command_of([]) is None and command_of(["--", "nodes"]) is None

@@ -6,18 +6,11 @@ Exit codes: 0 success, 1 failure, 2 bad input (unknown job, node or checkpoint; 
 """
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
-from ferry.cli import commands
-from ferry.cli.client import Client, default_addr
-from ferry.cli.insight import add_insight_parsers, cmd_explain, cmd_signals
-from ferry.cli.keys import add_keys_parser, cmd_keys
-from ferry.cli.pods import add_pod_parser, cmd_pod
-from ferry.cli.raygang import cmd_ray_up
-from ferry.cli.simulate import add_simulate_parser, cmd_simulate
-from ferry.cli.slurm.bridge import add_slurm_parser, cmd_slurm
-from ferry.cli.store import add_store_parser, cmd_store
 from ferry.common.errors import FerryError
 from ferry.common.phases import LIVE_PHASES
 
@@ -31,7 +24,40 @@ EPILOG = """examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Sink:
+    """Stands for the parser of a command that is not the one given: takes every call, does nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., "_Sink"]:
+        return self._absorb
+
+    def _absorb(self, *args: Any, **kwargs: Any) -> "_Sink":
+        return self
+
+
+# the commands whose parsers another module adds (imported only when one of them is given, or all are)
+PARSER_MODULES = {"simulate": ("add_simulate_parser", ("simulate",)),
+                  "insight": ("add_insight_parsers", ("signals", "explain")),
+                  "store": ("add_store_parser", ("store",)), "pods": ("add_pod_parser", ("pod",)),
+                  "keys": ("add_keys_parser", ("keys",)), "slurm.bridge": ("add_slurm_parser", ("slurm",))}
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option or an option's value)."""
+    takes_value = {"-o", "--output", "--addr", "--reason"}
+    words = iter(argv)
+    for word in words:
+        if word in takes_value:
+            next(words, None)
+        elif word == "--":
+            return None
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``only`` just that command's (a call of ``ferry nodes``
+    need not build, nor import what builds, the other forty; --help and errors get the whole)."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a nested subcommand must not reset what an outer level already parsed
     common.add_argument("-o", "--output", choices=["text", "json"], default=argparse.SUPPRESS,
@@ -45,9 +71,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__, epilog=EPILOG, parents=[common],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+    if only is not None:
+        real_add_parser = sub.add_parser
+
+        def add_only(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            return real_add_parser(name, **kwargs) if name == only else cast(argparse.ArgumentParser, _Sink())
+
+        sub.add_parser = add_only  # type: ignore[method-assign]
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=help_, parents=[common])
+
+    def add_from(module: str) -> None:
+        adder, names = PARSER_MODULES[module]
+        if only is None or only in names:
+            getattr(importlib.import_module(f"ferry.cli.{module}"), adder)(sub, common)
 
     p = add("up", "start an all-in-one cluster in the foreground (NATS, services, N simulated nodes)")
     p.add_argument("--nodes", type=int, default=2, help="number of simulated nodes (default 2)")
@@ -204,16 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "restore: the target's restore; postcopy: the memory transfer after the target ran; "
                    "source: the source dies (page server and process) as the target starts")
 
-    add_simulate_parser(sub, common)
-    add_insight_parsers(sub, common)
+    add_from("simulate")
+    add_from("insight")
     p = add("mcp", "serve Ferry's tools to an agent over MCP (stdio, or --http): signals, explain, and guarded "
                    "checkpoint, migrate, drain and restore (dry run unless asked)")
     p.add_argument("--http", metavar="HOST:PORT", help="serve MCP's streamable HTTP on this loopback address "
                    "instead of stdio")
-    add_store_parser(sub, common)
-    add_pod_parser(sub, common)
-    add_keys_parser(sub, common)
-    add_slurm_parser(sub, common)
+    add_from("store")
+    add_from("pods")
+    add_from("keys")
+    add_from("slurm.bridge")
 
     p = add("ray", "Ray clusters as gangs")
     ray = p.add_subparsers(dest="ray_cmd", metavar="ACTION", required=True)
@@ -240,39 +278,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
-    "nodes": commands.cmd_nodes,
-    "run": commands.cmd_run,
-    "adopt": commands.cmd_adopt,
-    "checkpoint": commands.cmd_checkpoint,
-    "restore": commands.cmd_restore,
-    "migrate": commands.cmd_migrate,
-    "ps": commands.cmd_ps,
-    "status": commands.cmd_status,
-    "logs": commands.cmd_logs,
-    "checkpoints": commands.cmd_checkpoints,
-    "wait": commands.cmd_wait,
-    "kill": commands.cmd_kill,
-    "events": commands.cmd_events,
-    "drain": commands.cmd_drain,
-    "undrain": commands.cmd_undrain,
-    "prices": commands.cmd_prices,
-    "chaos": commands.cmd_chaos,
-    "whoami": commands.cmd_whoami,
-    "audit": commands.cmd_audit,
-    "signals": cmd_signals,
-    "explain": cmd_explain,
-    "ray": cmd_ray_up,
-}
+# command -> "module:function", imported when the command runs: with the API's client ...
+HANDLERS = {name: f"ferry.cli.commands:cmd_{name}" for name in (
+    "nodes", "run", "adopt", "checkpoint", "restore", "migrate", "ps", "status", "logs", "checkpoints", "wait",
+    "kill", "events", "drain", "undrain", "prices", "chaos", "whoami", "audit")}
+HANDLERS |= {"signals": "ferry.cli.insight:cmd_signals", "explain": "ferry.cli.insight:cmd_explain",
+             "ray": "ferry.cli.raygang:cmd_ray_up"}
+# ... and without a cluster: they act on this machine
+LOCAL = {"simulate": "ferry.cli.simulate:cmd_simulate", "store": "ferry.cli.store:cmd_store",
+         "pod": "ferry.cli.pods:cmd_pod", "keys": "ferry.cli.keys:cmd_keys",
+         "slurm": "ferry.cli.slurm.bridge:cmd_slurm", "up": "ferry.cli.up:cmd_up",
+         "mcp": "ferry.cli.agent.server:cmd_mcp"}
 
 
-LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {
-    "simulate": cmd_simulate,
-    "store": cmd_store,
-    "pod": cmd_pod,
-    "keys": cmd_keys,
-    "slurm": cmd_slurm,
-}
+def handler(spec: str) -> Callable[..., int]:
+    module, _, name = spec.partition(":")
+    return cast(Callable[..., int], getattr(importlib.import_module(module), name))
 
 
 def add_dry_run(p: argparse.ArgumentParser) -> None:
@@ -292,37 +313,55 @@ def add_here_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    only = command_of(given)
+    known = only in HANDLERS or only in LOCAL
+    helping = "-h" in given or "--help" in given
+    args = build_parser(only if known and not helping else None).parse_args(given)
     args.output = getattr(args, "output", "text")  # not set_defaults: the actions are shared with subparsers
     args.addr = getattr(args, "addr", None)
     args.reason = getattr(args, "reason", None)
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def console() -> None:
+    """The ``ferry`` command: ``main``, and after a call of the API the process ends at once
+    (``os._exit``, output flushed) instead of tearing down gRPC's threads and channel, which
+    took 20 to 30 ms of every call (issue 18's CLI floor)."""
+    main(fast_exit=True)
+
+
+def _exit_now(code: int) -> None:
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> None:
     args = parse_args(argv)
     try:
-        if args.cmd == "up":
-            from ferry.cli.up import cmd_up
-
-            code = cmd_up(args)
-        elif args.cmd in LOCAL:  # no cluster: they act on this machine
-            code = LOCAL[args.cmd](args)
-        elif args.cmd == "mcp":
-            from ferry.cli.agent.server import cmd_mcp
-
-            code = cmd_mcp(args)
+        if args.cmd in LOCAL:  # no cluster: they act on this machine
+            code = handler(LOCAL[args.cmd])(args)
         else:
+            from ferry.cli import commands
+            from ferry.cli.client import Client, default_addr
+
             if args.cmd in ("run", "restore"):
                 commands.validate_here(args)
             if args.cmd == "run":
                 commands.validate_run(args)
             if args.cmd == "adopt":
                 commands.validate_adopt(args)
-            # not closed: closing a gRPC channel waits about 200 ms for its poller, and the process
-            # ends right after the command (issue 18's CLI floor)
+            # not closed: closing a gRPC channel waits for its poller, and the process ends right
+            # after the command (issue 18's CLI floor)
             client = Client(args.addr or default_addr(), reason=args.reason)
-            code = HANDLERS[args.cmd](client, args)
+            code = handler(HANDLERS[args.cmd])(client, args)
     except FerryError as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         code = exc.exit_code
@@ -331,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BrokenPipeError:  # `ferry ... | head`: the reader left, which is fine
         sys.stdout = None
         code = 0
+    if fast_exit and args.cmd in HANDLERS:  # nothing of the command's own is left to finish
+        _exit_now(code)
     sys.exit(code)
 
 
