@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -14,7 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu
+
+FERRY = str(Path(sys.executable).parent / "ferry")
 
 
 class BenchError(Exception):
@@ -111,3 +115,60 @@ def emit(result: dict[str, Any], report: str, json_path: str | None, md_path: st
         Path(md_path).parent.mkdir(parents=True, exist_ok=True)
         Path(md_path).write_text(report + "\n")
     print(report)
+
+
+class Cluster:
+    """Its own ``ferry up --nodes N`` and the ``ferry`` CLI against it."""
+
+    def __init__(self, data_dir: Path, nodes: int = 2) -> None:
+        self.data_dir = data_dir
+        self.nodes = nodes
+        self.addr = f"127.0.0.1:{free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+        self.env = {**env, "FERRY_ADDR": self.addr, "PYTHONUNBUFFERED": "1"}
+        self.log = data_dir / "up.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [FERRY, "up", "--nodes", str(self.nodes), "--data-dir", str(self.data_dir), "--grpc", self.addr],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        proc = self.proc
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise BenchError(f"ferry up exited with {proc.returncode}; see {self.log}")
+            return b"ferry: ready" in read_bytes(self.log)
+
+        wait_for(ready, 120, f"ferry up (log: {self.log})", interval=0.2)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def ferry(self, *args: str, timeout: float = 600) -> tuple[float, Any]:
+        """Run ``ferry <args[0]> -o json <args[1:]>``; return its wall time (s) and its JSON."""
+        argv = [FERRY, args[0], "-o", "json", *args[1:]]
+        t0 = time.monotonic()
+        r = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=timeout, check=False)
+        wall = time.monotonic() - t0
+        if r.returncode != 0:
+            raise BenchError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
+        return wall, json.loads(r.stdout)
+
+    def logs(self, job: str) -> str:
+        r = subprocess.run([FERRY, "logs", job], env=self.env, capture_output=True, text=True, check=False)
+        return r.stdout
+
+    def job_stdout(self, node: str, job_id: str) -> Path:
+        return self.data_dir / "nodes" / node / "jobs" / job_id / "stdout"

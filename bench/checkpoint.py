@@ -43,9 +43,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchkit import BenchError, dir_bytes, machine, median, read_bytes, run_directory, uptime, wait_for
+from benchkit import BenchError, Cluster, dir_bytes, machine, median, read_bytes, run_directory, uptime, wait_for
 
-from ferry.common.ports import free_port
 from ferry.criu.binary import find_criu
 from ferry.criu.errors import ImageError
 from ferry.criu.images import read_dump_stats
@@ -61,7 +60,6 @@ from ferry.store.store import CheckpointStore
 ROOT = Path(__file__).resolve().parent.parent
 MEMHOG = ROOT / "examples" / "memhog.py"
 BIN = Path(sys.executable).parent
-FERRY = str(BIN / "ferry")
 PY = sys.executable
 NODE_A, NODE_B = "node-1", "node-2"
 GOAL_CHECKPOINT = 1.25
@@ -112,62 +110,6 @@ def samples_s(xs: list[float]) -> str:
 
 
 # ---- the cluster -------------------------------------------------------------------------------
-
-
-class Cluster:
-    """Its own ``ferry up --nodes 2`` and the ``ferry`` CLI against it."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.addr = f"127.0.0.1:{free_port()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
-        self.env = {**env, "FERRY_ADDR": self.addr, "PYTHONUNBUFFERED": "1"}
-        self.log = data_dir / "up.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [FERRY, "up", "--nodes", "2", "--data-dir", str(self.data_dir), "--grpc", self.addr],
-                env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        proc = self.proc
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise BenchError(f"ferry up exited with {proc.returncode}; see {self.log}")
-            return b"ferry: ready" in read_bytes(self.log)
-
-        wait_for(ready, 120, f"ferry up (log: {self.log})", interval=0.2)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def ferry(self, *args: str, timeout: float = 600) -> tuple[float, Any]:
-        """Run ``ferry <args[0]> -o json <args[1:]>``; return its wall time (s) and its JSON."""
-        argv = [FERRY, args[0], "-o", "json", *args[1:]]
-        t0 = time.monotonic()
-        r = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout, check=False)
-        wall = time.monotonic() - t0
-        if r.returncode != 0:
-            raise BenchError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
-        return wall, json.loads(r.stdout)
-
-    def logs(self, job: str) -> str:
-        r = subprocess.run([FERRY, "logs", job], env=self.env, capture_output=True, text=True, check=False)
-        return r.stdout
-
-    def job_stdout(self, node: str, job_id: str) -> Path:
-        return self.data_dir / "nodes" / node / "jobs" / job_id / "stdout"
 
 
 # ---- one pair of identical processes ----------------------------------------------------------

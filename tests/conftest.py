@@ -48,15 +48,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SerialFirst(config, log)
 
 
-def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from ferry.common.config import load_settings
+from ferry.common.ports import free_port
 from ferry.kube import groups
 from ferry.kube.annotations import AUTO, CHECKPOINT_ON_STOP, GROUP, GROUP_SIZE, GROUP_WAIT, RESTORE_FROM
 from ferry.kube.runtime import RESTORE_REPORT
 from ferry.store.url import open_store
-from tests.conftest import PY, free_port, wait_until
+from tests.conftest import PY, wait_until
 from tests.cri import Containerd, pod, python_container, two_nodes
 from tests.programs import ddp_train
 
