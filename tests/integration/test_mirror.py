@@ -111,3 +111,32 @@ async def test_after_nats_comes_back_the_mirror_watches_again_at_once(tmp_path: 
         await bus.close()
         server.terminate()
         await asyncio.wait_for(server.wait(), 10)
+
+
+async def test_the_indexes_follow_the_records_and_caught_up_waits_for_other_writers(nats_url: str) -> None:
+    """``live`` holds the jobs that have not ended, ``find`` a job by name, both as the records
+    change and go; ``caught_up`` returns once another writer's write just made is in the copy."""
+    bus = await Bus.connect(nats_url, "test-mirror")
+    other = await Bus.connect(nats_url, "test-mirror-other")
+    mirror = Mirror(bus.jobs, live=lambda j: not j.terminal, unique=lambda j: j.name)
+    try:
+        await bus.jobs.put("job-a", job("job-a", name="alpha", state=JobState.RUNNING))
+        await bus.jobs.put("job-b", job("job-b", name="beta", state=JobState.SUCCEEDED))
+        await mirror.start()
+        assert [j.id for j in mirror.live()] == ["job-a"] and [j.id for j in mirror.view()] == ["job-a", "job-b"]
+        assert (mirror.find("beta") or job("none")).id == "job-b" and mirror.find("gamma") is None
+        for i in range(20):  # another service's writes: each visible once caught_up returns
+            await other.jobs.put(f"job-n{i}", job(f"job-n{i}", name=f"n{i}", state=JobState.PENDING))
+            assert await mirror.caught_up()
+            assert mirror.find(f"n{i}") is not None
+        await other.jobs.put("job-a", job("job-a", name="alpha", state=JobState.FAILED))
+        assert await mirror.caught_up()
+        assert "job-a" not in {j.id for j in mirror.live()}  # it ended
+        await other.jobs.delete("job-b")
+        assert await mirror.caught_up()
+        assert mirror.find("beta") is None and mirror.peek("job-b") is None
+        assert len(mirror.live()) == 20
+    finally:
+        await mirror.close()
+        await other.close()
+        await bus.close()

@@ -1,5 +1,7 @@
 """The scheduler's placement and rebalancing policy: pure functions of cluster state and time."""
 
+from dataclasses import replace
+
 from ferry.policy.decisions import (
     CRITICAL_PENALTY,
     JobView,
@@ -51,6 +53,19 @@ def test_higher_priority_is_placed_first() -> None:
     result = place([job("low", cpus=2), job("high", cpus=2, priority=5)], nodes, now=0.0)
     assert result.assignments == {"high": "only"}
     assert "low" in result.unplaced
+
+
+def test_equal_nodes_share_equal_work_instead_of_the_first_by_id_taking_it_all() -> None:
+    nodes = [node(f"node-{i}", cpus=64) for i in range(1, 5)]
+    result = place([job(f"j{i:03d}", cpus=0, mem=0) for i in range(200)], nodes, now=0.0)
+    per_node = [list(result.assignments.values()).count(n.id) for n in nodes]
+    assert per_node == [50, 50, 50, 50]
+    # a node that holds fewer jobs wins a tie, then the one with more free cpus, then the id
+    busy, idle = replace(nodes[0], jobs=3), replace(nodes[3], jobs=1)
+    assert choose_node(job("x", cpus=0), [busy, idle], now=0.0) == idle
+    fuller = replace(nodes[1], free_cpus=60.0)
+    assert choose_node(job("x", cpus=0), [fuller, nodes[2]], now=0.0) == nodes[2]
+    assert choose_node(job("x", cpus=0), [nodes[3], nodes[2]], now=0.0) == nodes[2]
 
 
 def test_cheaper_node_wins_when_both_fit() -> None:

@@ -252,6 +252,14 @@ class Table(Generic[M]):
         found = await asyncio.gather(*(self.get(k) for k in await self.keys(prefix)))
         return [v for v in found if v is not None]
 
+    async def last_revision(self) -> int:
+        """The revision of the bucket's newest write or delete (0 when it has none)."""
+        try:
+            info = await self._call("read the state", lambda: self._js.stream_info(f"KV_{self._bucket}"))
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the state of {self._bucket}: {exc}") from exc
+        return int(info.state.last_seq or 0)
+
 
 class Bus:
     """One connection to NATS with Ferry's streams and KV buckets."""

@@ -8,12 +8,20 @@ connection to NATS comes back, the watch starts again from the top (its consumer
 with a restarted server, and then it would deliver nothing); as a safety net against a watch that
 silently stopped otherwise, the whole bucket is read again every ``resync_s`` the watch is quiet.
 
-Readers get copies: a caller that changes a record changes only its copy until it writes it.
+Readers get copies (``values``, ``get``): a caller that changes a record changes only its copy
+until it writes it. Readers that only read get the records themselves (``peek``, ``view``,
+``live``, ``find``), which costs nothing per record: deep copies of every job made each of the
+scheduler's decisions cost more the longer the cluster ran (600 ms at 10,000 jobs). Two indexes
+keep the common questions from walking every record: ``live`` (the records a predicate selects,
+such as the jobs that have not ended) and ``find`` (by a field that is unique, such as a job's
+name). ``caught_up`` waits until the copy holds every write the bucket had when it was called,
+for a reader that must see what another service has just written.
 """
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, Generic
 
 import nats.errors
@@ -33,10 +41,16 @@ class _Reconnected(Exception):
 
 
 class Mirror(Generic[M]):
-    def __init__(self, table: Table[M], *, resync_s: float = RESYNC_S, changed: asyncio.Event | None = None) -> None:
+    def __init__(self, table: Table[M], *, resync_s: float = RESYNC_S, changed: asyncio.Event | None = None,
+                 live: Callable[[M], bool] | None = None, unique: Callable[[M], str] | None = None) -> None:
         self.table = table
         self.resync_s = resync_s
         self._records: dict[str, tuple[int, M]] = {}
+        self._is_live = live
+        self._live: set[str] = set()  # keys of the records ``live`` selects
+        self._unique = unique
+        self._by_unique: dict[str, str] = {}  # unique(record) -> key
+        self._seen = 0  # the highest revision the watch (or a read) has delivered
         self._noted: set[str] = set()  # keys written since the last resync began
         self._task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # every record has been read at least once
@@ -79,19 +93,73 @@ class Mirror(Generic[M]):
         found = self._records.get(key)
         return found[1].model_copy(deep=True) if found else None
 
+    def peek(self, key: str) -> M | None:
+        """The record itself, to read only."""
+        found = self._records.get(key)
+        return found[1] if found else None
+
+    def view(self) -> list[M]:
+        """Every record itself, to read only, in key order."""
+        return [record for _, (_, record) in sorted(self._records.items())]
+
+    def live(self) -> list[M]:
+        """The records the ``live`` predicate selects, themselves, to read only, in key order."""
+        return [self._records[k][1] for k in sorted(self._live)]
+
+    def find(self, value: str) -> M | None:
+        """The record whose ``unique`` field is ``value``, itself, to read only."""
+        key = self._by_unique.get(value)
+        return self.peek(key) if key is not None else None
+
+    async def caught_up(self, timeout_s: float = 2.0) -> bool:
+        """Waits until this copy holds every write the bucket had now; False if it did not within
+        ``timeout_s`` (the reader then goes on with what it has)."""
+        try:
+            last = await self.table.last_revision()
+        except BusError:
+            return False
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._seen < last:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    def _index(self, key: str, old: M | None, new: M | None) -> None:
+        if self._is_live is not None:
+            if new is not None and self._is_live(new):
+                self._live.add(key)
+            else:
+                self._live.discard(key)
+        if self._unique is not None:
+            if old is not None and self._by_unique.get(self._unique(old)) == key:
+                del self._by_unique[self._unique(old)]
+            if new is not None:
+                self._by_unique[self._unique(new)] = key
+
     # ---- writing -------------------------------------------------------------------------------
 
     def note(self, key: str, record: M, revision: int) -> None:
         """A write of the owner's (or a watched one): kept unless a later one is here already."""
         current = self._records.get(key)
         self._noted.add(key)
+        self._seen = max(self._seen, revision)
         if current is None or revision >= current[0]:
-            self._records[key] = (revision, record.model_copy(deep=True))
+            kept = record.model_copy(deep=True)
+            self._records[key] = (revision, kept)
+            self._index(key, current[1] if current else None, kept)
 
     def forget(self, key: str, revision: int) -> None:
         current = self._records.get(key)
+        self._seen = max(self._seen, revision)
         if current is not None and revision >= current[0]:
             del self._records[key]
+            self._index(key, current[1], None)
+
+    def _drop(self, key: str) -> None:
+        current = self._records.pop(key, None)
+        if current is not None:
+            self._index(key, current[1], None)
 
     # ---- following -----------------------------------------------------------------------------
 
@@ -124,7 +192,7 @@ class Mirror(Generic[M]):
                 if entry is None:  # every record has been delivered once
                     if first_pass:
                         for key in set(self._records) - initial:
-                            self._records.pop(key, None)  # deleted while nobody watched
+                            self._drop(key)  # deleted while nobody watched
                         first_pass = False
                     self.synced.set()
                     continue
@@ -173,4 +241,4 @@ class Mirror(Generic[M]):
                 present.add(key)
                 self.note(key, got[0], got[1])
         for key in set(self._records) - present - self._noted:
-            self._records.pop(key, None)
+            self._drop(key)

@@ -63,6 +63,7 @@ class NodeView:
     reason: str = ""  # why it is not usable
     lazy_pages: bool = False  # can be either end of a post-copy (live) move
     notice_deadline: float | None = None  # under an interruption notice: when it goes away
+    jobs: int = 0  # jobs that hold capacity there (running, or moving there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,14 +192,24 @@ def score_node(job: JobView, node: NodeView, now: float, horizon_s: float = REVI
     return score
 
 
+def spread_key(node: NodeView) -> tuple[int, float, str]:
+    """The order among nodes that score the same: fewest jobs first, then the most free cpus, then
+    by id. Ferry spreads equal work over equal nodes rather than packing it: a node's loss or spot
+    reclaim then takes fewer jobs with it, and checkpoints and moves of its jobs compete less for
+    its disk and network. (Packing, to free whole nodes for scale-down, is the autoscaler's job.)"""
+    return node.jobs, -node.free_cpus, node.id
+
+
 def best_node(job: JobView, nodes: Sequence[NodeView], now: float,
               horizon_s: float = REVIEW_EVERY_S) -> tuple[NodeView | None, float]:
-    """The best-scoring node for `job` (ties by id), or None when nothing fits."""
+    """The best-scoring node for `job` (among equals the one ``spread_key`` puts first), or None
+    when nothing fits."""
     best: NodeView | None = None
     best_score = float("-inf")
     for node in nodes:
         score = score_node(job, node, now, horizon_s)
-        if score is not None and (score > best_score or (score == best_score and best and node.id < best.id)):
+        if score is not None and (score > best_score or (
+                score == best_score and best is not None and spread_key(node) < spread_key(best))):
             best, best_score = node, score
     return best, best_score
 
@@ -222,7 +233,7 @@ def choose_node(job: JobView, nodes: Sequence[NodeView], now: float,
 
 def _take(node: NodeView, job: JobView) -> NodeView:
     return replace(node, free_cpus=node.free_cpus - job.cpus, free_gpus=node.free_gpus - job.gpus,
-                   free_memory_bytes=node.free_memory_bytes - job.memory_bytes)
+                   free_memory_bytes=node.free_memory_bytes - job.memory_bytes, jobs=node.jobs + 1)
 
 
 def _largest_free(nodes: Sequence[NodeView], what: str) -> tuple[float, str]:

@@ -26,17 +26,17 @@ def effective_price(node: Node, prices: Iterable[PriceRecord]) -> float:
 
 def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat_timeout_s: float,
                prices: Sequence[PriceRecord] = ()) -> list[NodeView]:
-    used: dict[str, tuple[float, int, int]] = {}
+    used: dict[str, tuple[float, int, int, int]] = {}
     for job in jobs:
         if not holds_capacity(job):
             continue
         for where in {job.node, job.moving_to} - {None}:
             assert where is not None
-            c, m, g = used.get(where, (0.0, 0, 0))
-            used[where] = (c + job.cpus, m + job.memory_bytes, g + job.gpus)
+            c, m, g, k = used.get(where, (0.0, 0, 0, 0))
+            used[where] = (c + job.cpus, m + job.memory_bytes, g + job.gpus, k + 1)
     views = []
     for n in nodes:
-        c, m, g = used.get(n.id, (0.0, 0, 0))
+        c, m, g, k = used.get(n.id, (0.0, 0, 0, 0))
         why = usable(n, now, heartbeat_timeout_s)
         healthy_gpus = sum(1 for info in n.gpu_list if info.get("healthy", True)) if n.gpu_list else n.gpus
         views.append(NodeView(
@@ -44,7 +44,7 @@ def node_views(nodes: Sequence[Node], jobs: Iterable[Job], now: float, heartbeat
             cpus=float(n.cpus), memory_bytes=n.memory_bytes, gpus=healthy_gpus, free_cpus=n.cpus - c,
             free_memory_bytes=n.memory_bytes - m, free_gpus=healthy_gpus - g, preemptions=n.preemptions,
             uptime_s=max(1.0, now - n.started), usable=why is None, reason=why or "", lazy_pages=n.lazy_pages,
-            notice_deadline=n.notice_deadline if n.state == NodeState.PREEMPTING else None))
+            notice_deadline=n.notice_deadline if n.state == NodeState.PREEMPTING else None, jobs=k))
     return views
 
 

@@ -25,6 +25,7 @@ from ferry.common.bus import Bus, BusError
 from ferry.common.config import Settings
 from ferry.common.errors import FerryError, LimitExceeded, NotFoundError, UsageError, from_kind
 from ferry.common.jobspec import check_request
+from ferry.common.mirror import Mirror
 from ferry.common.models import TERMINAL_STATES, AuditEntry, Event, Job, JobState, Op, OpKind, new_id
 from ferry.common.sealing import read_key, seal_env
 from ferry.common.service import Service, service_main
@@ -45,8 +46,13 @@ OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) 
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
-    def __init__(self, bus: Bus, settings: Settings, tenants: Tenants | None = None) -> None:
+    def __init__(self, bus: Bus, settings: Settings, tenants: Tenants | None = None,
+                 jobs: Mirror[Job] | None = None) -> None:
         self.bus = bus
+        # a watch-fed copy of the jobs (the service's): a submit's quota check, `ferry ps` and a
+        # lookup by name read it instead of every job's record from KV, which made each call's
+        # cost grow with the cluster's history; without one (a bare servicer) they read KV
+        self.jobs = jobs
         self.settings = settings
         self.tenants = tenants or Tenants(settings.tokens_file, settings.token)
         self._job_tenants: dict[str, str] = {}
@@ -73,10 +79,27 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             job = await self.bus.jobs.get(ref)
             if job is not None and me.may_see(job):
                 return job
+        if self.jobs is not None:
+            named = self.jobs.find(ref)
+            if named is None and await self.jobs.caught_up():
+                named = self.jobs.find(ref)  # written a moment ago
+            found = await self.bus.jobs.get(named.id) if named is not None else None  # its newest record
+            if found is not None and found.name == ref and me.may_see(found):
+                return found
+            if named is not None:
+                raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
         for job in await self.bus.jobs.values():
             if job.name == ref and me.may_see(job):
                 return job
         raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
+
+    async def all_jobs(self) -> list[Job]:
+        """Every job as it is now, to read only: from the watch-fed copy once it holds every write
+        made so far, else (no copy) from KV."""
+        if self.jobs is None:
+            return await self.bus.jobs.values()
+        await self.jobs.caught_up()
+        return self.jobs.view()
 
     async def tenant_of(self, job_id: str) -> str | None:
         """The tenant of a job (remembered: a job never changes tenant), None if it is gone."""
@@ -218,7 +241,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             if checked.node:
                 await self.require_node(checked.node)
             me = caller()
-            mine = [j for j in await self.bus.jobs.values() if j.tenant == me.tenant]
+            mine = [j for j in await self.all_jobs() if j.tenant == me.tenant]
             self.tenants.check_quota(me.tenant, Usage.of(mine), cpus=checked.cpus, memory=checked.memory_bytes,
                                      gpus=checked.gpus)
             spec = checked.to_spec(checked.name or f"job-{new_id('x')[2:8]}", time.time(),
@@ -229,7 +252,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
         me = caller()
-        jobs = sorted((j for j in await self.bus.jobs.values() if me.may_see(j)), key=lambda j: j.created)
+        jobs = sorted((j for j in await self.all_jobs() if me.may_see(j)), key=lambda j: j.created)
         if not request.all:
             jobs = [j for j in jobs if j.state not in TERMINAL_STATES]
         return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs])
@@ -290,7 +313,8 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         if not wire.is_token(name):
             raise UsageError(f"bad gang name {name!r}: use letters, digits, '-' and '_'")
         me = caller()
-        members = gangs.gang_members((j for j in await self.bus.jobs.values() if me.may_see(j)), name)
+        members = gangs.gang_members((j.model_copy(deep=True) for j in await self.all_jobs()
+                                      if j.gang == name and me.may_see(j)), name)
         if not members:
             raise NotFoundError(f"no gang {name!r}: `ferry ps` shows each job's gang")
         return members
@@ -362,7 +386,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         """The records the signals and plans read, as the caller may see them (another tenant's jobs
         are left out; nodes and prices are everyone's)."""
         me = caller()
-        jobs = [j for j in await self.bus.jobs.values() if me.may_see(j)]
+        jobs = [j.model_copy(deep=True) for j in await self.all_jobs() if me.may_see(j)]
         prefix = f"{job.id}." if job is not None else ""
         seen = {j.id for j in jobs}
         checkpoints = [c for c in await self.bus.checkpoints.values(prefix=prefix) if c.job in seen]
@@ -524,7 +548,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             return cmd
 
         waits = request.wait_s > 0 and not request.undo
-        moving = {j.id for j in await self.bus.jobs.values()
+        moving = {j.id for j in await self.all_jobs()
                   if j.node == request.node and j.state not in DRAIN_SETTLED} if waits else set()
         await self.unary_op("DrainNode", context, build)
         if waits:
@@ -544,7 +568,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         async with self.bus.jobs.watching(">") as changed:
             while True:
                 changed.clear()
-                left = [j for j in await self.bus.jobs.values()
+                left = [j for j in await self.all_jobs()
                         if (j.node == node and j.state not in DRAIN_SETTLED)
                         or (j.id in moving and j.state not in DRAIN_SETTLED | {JobState.RUNNING})]
                 remaining = deadline - time.monotonic()
@@ -572,7 +596,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     async def WhoAmI(self, request: pb.WhoAmIRequest, context: Ctx) -> pb.WhoAmIResponse:
         me = caller()
         quota = self.tenants.quota(me.tenant)
-        used = Usage.of([j for j in await self.bus.jobs.values() if j.tenant == me.tenant])
+        used = Usage.of([j for j in await self.all_jobs() if j.tenant == me.tenant])
         return pb.WhoAmIResponse(
             tenant=me.tenant, role=me.role.value, who=me.who, open=self.tenants.open,
             quota=pb.Quota(cpus=quota.cpus or 0, memory_bytes=int(quota.memory or 0), gpus=quota.gpus or 0,
@@ -676,6 +700,7 @@ class Api(Service):
     """Serves the gRPC admin API."""
 
     name = "api"
+    jobs: Mirror[Job] | None = None
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -691,7 +716,9 @@ class Api(Service):
         listener = Listener.from_settings(self.settings)
         listener.refuse_if_open(tenants.open)
         bus = await self.connect()
-        servicer = AdminServicer(bus, self.settings, tenants)
+        self.jobs = Mirror(bus.jobs, unique=lambda j: j.name)
+        await self.jobs.start()
+        servicer = AdminServicer(bus, self.settings, tenants, self.jobs)
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(tenants, servicer.write_audit), ErrorInterceptor()])
         pb_grpc.add_FerryAdminServicer_to_server(servicer, self.server)
         if listener.bind(self.server) == 0:
@@ -705,6 +732,11 @@ class Api(Service):
 
     async def drain(self) -> None:
         await self.server.stop(grace=2)
+
+    async def close(self) -> None:
+        if self.jobs is not None:
+            await self.jobs.close()
+        await super().close()
 
 
 def main() -> None:

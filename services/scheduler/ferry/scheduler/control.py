@@ -71,9 +71,9 @@ class ControlLoop:
         pending jobs, periodic checkpoints and rebalancing."""
         t = time.time()
         nodes = {n.id: n for n in await self.state.nodes()}
-        for listed in sorted(await self.state.jobs(), key=lambda j: (-j.priority, j.created)):
-            job = self.state.find_job(listed.id) or listed  # a gang's transition may have changed it meanwhile
-            if job.state in TERMINAL_STATES:
+        for listed in sorted(self.state.live_jobs(), key=lambda j: (-j.priority, j.created)):
+            job = self.state.find_job(listed.id)  # a copy, as a gang's transition may have changed it meanwhile
+            if job is None or job.state in TERMINAL_STATES:
                 continue
             node = nodes.get(job.node) if job.node else None
             if node is not None and node.state == NodeState.LOST and job.state != JobState.PREEMPTED:
@@ -162,14 +162,15 @@ class ControlLoop:
         """Parks lower-priority jobs on one usable node so that `job` fits there; False if no set of
         lower-priority jobs on any node would make room. Jobs already being parked count as gone."""
         t = now()
-        jobs = [j for j in await self.state.jobs() if j.id != job.id]
+        jobs = [j for j in self.state.live_jobs() if j.id != job.id]
         views = node_views(await self.state.nodes(), jobs, t, self.settings.heartbeat_timeout_s)
         found = preemption.victims(job_view(job, t), jobs, views, exclude)
         if found is None:
             return False
         where, chosen = found
-        for victim in chosen:
-            if victim.op is not None:
+        for seen in chosen:
+            victim = self.state.find_job(seen.id)  # a copy: parking it changes it
+            if victim is None or victim.op is not None:
                 continue
             if victim.gang:  # a gang is parked whole, with one group checkpoint
                 why = f"parked to make room for {job.name} (priority {job.priority})"
@@ -210,7 +211,7 @@ class ControlLoop:
         if job.requested_node or job.supervised_elsewhere or not job.last_checkpoint:
             return
         t = now()
-        views = node_views(await self.state.nodes(), [j for j in await self.state.jobs() if j.id != job.id], t,
+        views = node_views(await self.state.nodes(), [j for j in self.state.live_jobs() if j.id != job.id], t,
                            self.settings.heartbeat_timeout_s, await self.state.prices())
         current = next((v for v in views if v.id == node.id), None)
         jv = job_view(job, t)

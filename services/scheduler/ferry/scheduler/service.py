@@ -175,17 +175,17 @@ class Scheduler(Service):
         job_id = derived_id("job", op.id)
         job = self.state.find_job(job_id)
         if job is None:
-            for other in await self.state.jobs():
-                if other.name == spec.name:
-                    raise AlreadyExistsError(f"a job named {spec.name!r} exists already ({other.id}, "
-                                        f"{other.state}); pick another name")
-            if spec.gang and any(o.gang == spec.gang and o.tenant != spec.tenant for o in await self.state.jobs()):
+            other = self.state.job_named(spec.name)
+            if other is not None:
+                raise AlreadyExistsError(f"a job named {spec.name!r} exists already ({other.id}, "
+                                         f"{other.state}); pick another name")
+            if spec.gang and any(o.gang == spec.gang and o.tenant != spec.tenant for o in self.state.all_jobs()):
                 raise AlreadyExistsError(f"the gang name {spec.gang!r} is taken; pick another")
             if spec.node:
                 await self.state.node(spec.node)
             address = None
             if spec.network == Network.BRIDGE:
-                others = await self.state.jobs()
+                others = self.state.all_jobs()
                 problem = published_conflict(spec.publish, others)
                 if problem:
                     raise UsageError(problem)
@@ -209,7 +209,7 @@ class Scheduler(Service):
         """The node `job` should go to now (the policy's pick, or `wanted` if it can take it),
         or None with the reason why none can. For a GPU job it also assigns the GPUs there."""
         t = now()
-        others = [j for j in await self.state.jobs() if j.id != job.id]
+        others = [j for j in self.state.live_jobs() if j.id != job.id]
         nodes = await self.state.nodes()
         views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
         if job.network == Network.BRIDGE:
@@ -254,7 +254,7 @@ class Scheduler(Service):
         if isinstance(op.args, GangCheckpointArgs):  # a redelivery of one this scheduler began
             await self.effects.apply(gang.resend(self.gang_of(op), op))
             return
-        members = gangs.gang_members(await self.state.jobs(), name)
+        members = gangs.gang_members(self.state.gang_jobs(name), name)
         gangs.gang_checkpointable(name, members)
         fault = take_live_fault(self.settings.data_dir, ("round",)) is not None
         await self.effects.apply(gang.begin_checkpoint(name, members, op, stop=stop, now=now(), periodic=periodic,
@@ -264,7 +264,7 @@ class Scheduler(Service):
         if isinstance(op.args, GangRestoreArgs):
             await self.effects.apply(gang.resend(self.gang_of(op), op))
             return
-        members = gangs.gang_members(await self.state.jobs(), name)
+        members = gangs.gang_members(self.state.gang_jobs(name), name)
         groups = await self.state.bus.gangs.values(prefix=f"{wire.token(name)}.") if members else []
         group = gangs.gang_restorable(name, members, gangs.newest_group(groups, members))
         for node_id in nodes:
@@ -284,7 +284,7 @@ class Scheduler(Service):
         """A member's node is lost: the whole gang back from its newest group checkpoint
         (``gang.failover``), on a node each (sharing nodes only when there are too few)."""
         # a member that failed meanwhile (it lost its peer on the lost node) comes back with the gang
-        members = gangs.gang_members(await self.state.jobs(), name)
+        members = gangs.gang_members(self.state.gang_jobs(name), name)
         groups = await self.state.bus.gangs.values(prefix=f"{wire.token(name)}.")
         group = gangs.newest_group(groups, members)
         targets = await self.gang_targets(members, {lost.id}) if group is not None else None
@@ -300,7 +300,7 @@ class Scheduler(Service):
 
     async def gang_resume(self, name: str) -> None:
         """A gang parked for capacity comes back whole once every member fits somewhere."""
-        members = [j for j in await self.state.jobs() if j.gang == name and not j.terminal]
+        members = [j for j in self.state.gang_jobs(name) if not j.terminal]
         if not members or any(j.state != JobState.PREEMPTED or j.parked_by != "capacity" or j.op for j in members):
             return
         group = gangs.newest_group(await self.state.bus.gangs.values(prefix=f"{wire.token(name)}."), members)
@@ -334,7 +334,7 @@ class Scheduler(Service):
         """`placed`: jobs counted where they are about to go (a gang's members already assigned);
         `moving`: jobs whose current place does not count (the gang's own members)."""
         t = now()
-        others = [j for j in await self.state.jobs() if j.id != job.id and j.id not in (moving or set())]
+        others = [j for j in self.state.live_jobs() if j.id != job.id and j.id not in (moving or set())]
         others += placed
         nodes = await self.state.nodes()
         views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())

@@ -2,8 +2,12 @@
 KV buckets (``ferry.common.mirror``), written through to JetStream KV.
 
 The scheduler is the only writer of job and op records, so a plain put is safe; its own writes go
-into its copy at once. It keeps no state that KV does not also hold, so a restarted scheduler
-picks up exactly where the last one stopped. Ops and checkpoints are read from KV when needed.
+into its copy at once. What only reads (placement, the checks of a submit, the tick's walk) reads
+the jobs that have not ended (``live_jobs``) or looks one up by name (``job_named``) without a
+copy, so that their cost does not grow with the cluster's history of finished jobs; what changes a
+job gets a copy (``job``, ``find_job``, ``gang_jobs``). It keeps no state that KV does not also
+hold, so a restarted scheduler picks up exactly where the last one stopped. Ops and checkpoints
+are read from KV when needed.
 """
 
 import asyncio
@@ -23,7 +27,7 @@ log = logging.getLogger(__name__)
 class ClusterState:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self._jobs = Mirror(bus.jobs)
+        self._jobs = Mirror(bus.jobs, live=lambda j: not j.terminal, unique=lambda j: j.name)
         self._nodes = Mirror(bus.nodes)
         self._prices = Mirror(bus.prices)
 
@@ -44,7 +48,24 @@ class ClusterState:
         return self._jobs.get(job_id)
 
     async def jobs(self) -> list[Job]:
+        """A copy of every job, finished ones too (costly with a long history: prefer the others)."""
         return self._jobs.values()
+
+    def live_jobs(self) -> list[Job]:
+        """The jobs that have not ended, themselves: to read only."""
+        return self._jobs.live()
+
+    def all_jobs(self) -> list[Job]:
+        """Every job, finished ones too, themselves: to read only."""
+        return self._jobs.view()
+
+    def job_named(self, name: str) -> Job | None:
+        """The job of that name, itself: to read only."""
+        return self._jobs.find(name)
+
+    def gang_jobs(self, gang: str) -> list[Job]:
+        """A copy of every job of the gang (members that ended too)."""
+        return [j.model_copy(deep=True) for j in self._jobs.view() if j.gang == gang]
 
     async def nodes(self) -> list[Node]:
         return self._nodes.values()
