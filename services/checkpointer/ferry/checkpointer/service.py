@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from ferry.checkpointer.gang import GangMember
 from ferry.checkpointer.live import LiveSource
 from ferry.checkpointer.pipeline import CheckpointPipeline
+from ferry.checkpointer.settled import SettledDirs
 from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
@@ -64,6 +65,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
 
     async def start(self) -> None:
         await super().start()
+        self.settled = SettledDirs(self.jobs_dir)  # the folders of jobs that ended: skipped by the scans
         self.criu = CriuRunner(self.settings.criu_bin)
         # post-copy (live moves) needs bigger pipes than the kernel's default allows
         self.lazy_pages_problem = (await asyncio.to_thread(ensure_pipe_limits) if self.settings.postcopy
@@ -127,11 +129,11 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         done: dict[str, float] = {}  # job id -> the record's update that was expired (until the scheduler's write)
         while not self.stopping.is_set():
             changed.clear()
-            due, next_at = expiring(jobs.values(), self.node_id, keep, time.time())
+            due, next_at = expiring(jobs.view(), self.node_id, keep, time.time())  # read only: no copies
             for job in due:
                 if done.get(job.id) == job.updated or self.stopping.is_set():
                     continue
-                if await self.pipeline.expire(job):
+                if await self.pipeline.expire(job.model_copy(deep=True)):
                     done[job.id] = job.updated
                 else:  # the store refused: again in a while
                     retry = time.time() + EXPIRY_RETRY_S
@@ -151,7 +153,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         try:
             while not self.stopping.is_set():
                 changed.clear()
-                state = node_net_state(self.node_id, jobs.values(), nodes.values())
+                state = node_net_state(self.node_id, jobs.view(), nodes.view())  # read only: no copies
                 if state != self.jobnet.applied:
                     try:
                         await asyncio.to_thread(self.jobnet.apply, state)
@@ -167,7 +169,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     def running_jobs(self) -> dict[str, ShimInfo]:
         """The jobs whose workload runs on this node now, with their shims' records."""
         out = {}
-        for d in sorted(self.jobs_dir.iterdir()):
+        for d in self.settled.unsettled():
             jd = JobDir(d)
             shim = jd.read_shim()
             if shim and jd.read_exit() is None and alive(shim.pid):
@@ -301,13 +303,16 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                 await asyncio.wait_for(self.stopping.wait(), 0.25)
 
     async def report_exits(self) -> None:
-        for d in sorted(self.jobs_dir.iterdir()):
+        for d in list(self.settled.unsettled()):
             jd = JobDir(d)
             ex = jd.read_exit()
             if ex is None:
                 continue
             marker = d / f"reported-{ex.incarnation}"
             if marker.exists():
+                shim = jd.read_shim()
+                if shim is None or shim.incarnation <= ex.incarnation:
+                    self.settled.settle(d)  # ended and reported: nothing to look at until it changes
                 continue
             by_ckpt = (d / f"stop-{ex.incarnation}").exists()
             await self.report(wire.NodeEvent(kind="exited", node=self.node_id, job=d.name,

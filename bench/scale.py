@@ -1,0 +1,225 @@
+"""How the control plane scales (issue 18), on its own ``ferry up --nodes 4``:
+
+- **submits**: ``--jobs`` short jobs (``true``) submitted through the admin API by ``--clients``
+  concurrent gRPC clients, as fast as it answers; submits per second overall and per hundred (a
+  rate that falls as jobs pile up means a cost that grows with history), each submit's latency
+  (p50, p90), and the CPU seconds each service used for them;
+- **spread**: where the jobs ran (equal nodes should share equal work);
+- **listing**: ``ferry ps -a -o json`` and ``ferry nodes -o json`` with every job finished;
+- **supervisor**: what one running job's supervisor (its shim) costs: PSS and CPU to start;
+- **placement**: one placement decision (the node views from the records, then the choice) at
+  10,000 jobs, 2,000 of them running, on 1,000 nodes, in this process.
+
+    python bench/scale.py [--jobs 1000] [--clients 4] [--json out.json] [--md out.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+from benchkit import FERRY, Cluster, emit, machine, median, run_directory, uptime, wait_for
+
+from ferry.common.models import Job, JobState, Node
+from ferry.policy import decisions
+from ferry.policy.views import job_view, node_views
+from ferry.v1 import ferry_pb2 as pb
+from ferry.v1 import ferry_pb2_grpc as rpc
+
+SERVICES = ("api", "scheduler", "health", "pricing", "checkpointer", "migrator")
+
+
+def service_cpu(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each service process under ``ferry up`` (summed over nodes)."""
+    out: dict[str, float] = {}
+    for proc in psutil.Process(root).children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        name = next((s for s in SERVICES if f"ferry.{s}" in cmd), None)
+        if name is not None:
+            out[name] = out.get(name, 0.0) + times.user + times.system
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
+
+
+def submits(cluster: Cluster, jobs: int, clients: int) -> dict[str, Any]:
+    channel = grpc.insecure_channel(cluster.addr)
+    stub = rpc.FerryAdminStub(channel)
+    latencies: list[tuple[int, float, float]] = []  # (index, finished at, seconds)
+    lock = threading.Lock()
+    counter = iter(range(jobs))
+    errors: list[str] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            started = time.perf_counter()
+            try:
+                stub.SubmitJob(pb.SubmitJobRequest(name=f"s{i:05d}", argv=["true"]), timeout=120)
+            except grpc.RpcError as exc:
+                errors.append(f"s{i:05d}: {exc.details()}")
+                return
+            done = time.perf_counter()
+            with lock:
+                latencies.append((i, done, done - started))
+
+    assert cluster.proc is not None
+    cpu_before = service_cpu(cluster.proc.pid)
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - began
+    cpu_after = service_cpu(cluster.proc.pid)
+    if errors:
+        raise SystemExit(f"{len(errors)} submits failed, the first: {errors[0]}")
+    latencies.sort(key=lambda x: x[1])
+    per_hundred = []
+    previous = began
+    for k in range(0, len(latencies), 100):
+        block = latencies[k:k + 100]
+        per_hundred.append(round(len(block) / (block[-1][1] - previous), 1))
+        previous = block[-1][1]
+    secs = [x[2] for x in latencies]
+    return {"jobs": jobs, "clients": clients, "seconds": round(took, 2), "per_s": round(jobs / took, 1),
+            "per_s_each_hundred": per_hundred, "latency_p50_ms": round(percentile(secs, 50) * 1000, 1),
+            "latency_p90_ms": round(percentile(secs, 90) * 1000, 1),
+            "cpu_s": {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in sorted(cpu_after)}}
+
+
+def spread(cluster: Cluster) -> dict[str, int]:
+    _, jobs = cluster.ferry("ps", "-a")
+    return dict(sorted(Counter(j["node"] for j in jobs).items()))
+
+
+def timed_cli(cluster: Cluster, *args: str, repeat: int = 5) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        done = subprocess.run([FERRY, *args, "-o", "json"], env=cluster.env, capture_output=True, check=False)
+        out.append(round(time.perf_counter() - started, 3))
+        if done.returncode != 0:
+            raise SystemExit(f"ferry {' '.join(args)}: {done.stderr.decode()[-300:]}")
+    return out
+
+
+def supervisor(cluster: Cluster, count: int = 5) -> dict[str, Any]:
+    """PSS and CPU of the shims of ``count`` sleeping jobs."""
+    assert cluster.proc is not None
+    for i in range(count):
+        cluster.ferry("run", "--name", f"sup-{i}", "--", "sleep", "600")
+    shims: list[psutil.Process] = []
+
+    def found() -> bool:
+        shims[:] = [p for p in psutil.Process(cluster.proc.pid).children(recursive=True)  # type: ignore[union-attr]
+                    if "ferry.criu.shim" in " ".join(p.cmdline())]
+        return len(shims) >= count
+
+    wait_for(found, 60, "the shims of the sleeping jobs")
+    time.sleep(1)
+    pss = [p.memory_full_info().pss / 2**20 for p in shims]
+    cpu = [(p.cpu_times().user + p.cpu_times().system) * 1000 for p in shims]
+    for i in range(count):
+        cluster.ferry("kill", f"sup-{i}")
+    return {"pss_mib": [round(x, 1) for x in pss], "cpu_ms": [round(x) for x in cpu]}
+
+
+def placement(repeat: int = 20) -> dict[str, Any]:
+    t = time.time()
+    nodes = [Node(id=f"n{i:04d}", cpus=16, memory_bytes=64 << 30, started=t - 100, last_heartbeat=t)
+             for i in range(1000)]
+    jobs = [Job(id=f"j{i:05d}", name=f"j{i}", argv=["x"], node=f"n{i % 1000:04d}", cpus=1,
+                state=JobState.RUNNING if i < 2000 else JobState.SUCCEEDED) for i in range(10_000)]
+    live = [j for j in jobs if not j.terminal]  # what the scheduler's index hands the placement
+    new = Job(id="new", name="new", argv=["x"], cpus=1)
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        views = node_views(nodes, live, t, 30.0)
+        decisions.choose_node(job_view(new, t), views, t)
+        samples.append((time.perf_counter() - started) * 1000)
+    return {"ms": [round(x, 2) for x in samples], "median_ms": round(median(samples), 2)}
+
+
+def report(r: dict[str, Any]) -> str:
+    s, m = r["submits"], r["machine"]
+    cpu = ", ".join(f"{k} {v:.1f}" for k, v in s["cpu_s"].items())
+    return "\n".join([
+        f"Control plane, `ferry up --nodes 4`, {s['jobs']} jobs (`true`) submitted by {s['clients']} clients:",
+        "",
+        "| metric | value | goal | met? |",
+        "|---|---|---|---|",
+        f"| submits per second (overall) | {s['per_s']} | >= 30 | {'yes' if s['per_s'] >= 30 else '**no**'} |",
+        f"| ... per hundred, in order | {', '.join(map(str, s['per_s_each_hundred']))} | flat | - |",
+        f"| submit latency p50 / p90 | {s['latency_p50_ms']} / {s['latency_p90_ms']} ms | - | - |",
+        f"| CPU seconds per service for the {s['jobs']} submits | {cpu} | - | - |",
+        f"| jobs per node | {', '.join(f'{k}: {v}' for k, v in r['spread'].items())} | equal | - |",
+        f"| `ferry ps -a -o json` with {s['jobs']} jobs (median; samples) | {median(r['ps_s']) * 1000:.0f} ms; "
+        f"{', '.join(f'{x * 1000:.0f}' for x in r['ps_s'])} | - | - |",
+        f"| `ferry nodes -o json` (median; samples) | {median(r['nodes_s']) * 1000:.0f} ms; "
+        f"{', '.join(f'{x * 1000:.0f}' for x in r['nodes_s'])} | <= 120 ms | "
+        f"{'yes' if median(r['nodes_s']) <= 0.12 else '**no**'} |",
+        f"| a job's supervisor: PSS (MiB) | {', '.join(map(str, r['supervisor']['pss_mib']))} | <= 5 | "
+        f"{'yes' if median(r['supervisor']['pss_mib']) <= 5 else '**no**'} |",
+        f"| ... CPU to start (ms) | {', '.join(map(str, r['supervisor']['cpu_ms']))} | <= 20 | "
+        f"{'yes' if median(r['supervisor']['cpu_ms']) <= 20 else '**no**'} |",
+        f"| one placement at 10,000 jobs (2,000 running), 1,000 nodes (median) | "
+        f"{r['placement']['median_ms']} ms | <= 2 ms | {'yes' if r['placement']['median_ms'] <= 2 else '**no**'} |",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, Python {m['python']}. "
+        f"Load before: `{r['load_before']}`; after: `{r['load_after']}`; the run took {r['seconds']:.0f} s.",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--dir")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--json")
+    parser.add_argument("--md")
+    args = parser.parse_args(argv)
+    began = time.monotonic()
+    with run_directory(args.dir, args.keep, "ferry-scale-bench-") as run_dir:
+        cluster = Cluster(Path(run_dir) / "cluster", nodes=4)
+        load_before = uptime()
+        cluster.start()
+        try:
+            result: dict[str, Any] = {"submits": submits(cluster, args.jobs, args.clients)}
+            wait_for(lambda: all(j["state"] != "running" for j in cluster.ferry("ps")[1]), 300,
+                     "every job to end")
+            result["spread"] = spread(cluster)
+            result["ps_s"] = timed_cli(cluster, "ps", "-a")
+            result["nodes_s"] = timed_cli(cluster, "nodes")
+            result["supervisor"] = supervisor(cluster)
+        finally:
+            cluster.stop()
+        result |= {"placement": placement(), "machine": machine(Path(run_dir)), "load_before": load_before,
+                   "load_after": uptime(), "seconds": time.monotonic() - began}
+    emit(result, report(result), args.json, args.md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
