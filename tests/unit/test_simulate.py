@@ -295,7 +295,8 @@ def test_ferry_meets_every_deadline_for_less_than_uniform_progress(
     for zones in [[t] for t in traces] + [traces]:
         ferry_total = up_total = 0.0
         for hour in offsets:
-            report = simulate(zones, job_hours, deadline_hours, start_tick=round(hour * 3600 / zones[0].gap_seconds))
+            report = simulate(zones, job_hours, deadline_hours, start_tick=round(hour * 3600 / zones[0].gap_seconds),
+                              optimal=False)
             ferry, up = report.policies["ferry"], report.policies["uniform_progress"]
             where = f"{report.traces} from hour {hour}"
             assert ferry.deadline_met, where
@@ -315,3 +316,59 @@ def test_a_lucky_uniform_progress_run_beats_ferry_by_little(shared: dict[str, li
     ferry, up = report.policies["ferry"], report.policies["uniform_progress"]
     assert ferry.deadline_met and up.deadline_met
     assert ferry.cost <= up.cost * 1.01
+
+
+# ---------------------------------------------------------------- the omniscient optimum
+
+H = 3600.0
+
+
+def test_the_optimum_by_hand() -> None:
+    from ferry.policy.optimum import optimum
+
+    def best(available: list[list[bool]], **kw: Any) -> float:
+        args = {"job_s": 200.0, "deadline_s": 400.0, "gap": 100.0, "spot_price": 1.0, "on_demand_price": 10.0,
+                "checkpoint_s": 10.0, "restore_s": 20.0} | kw
+        result = optimum(available, **args)
+        assert result.exact
+        return result.cost * H  # USD-seconds at these prices (the cost is rounded to 1e-6 USD)
+
+    assert best([[True, True]]) == pytest.approx(200, rel=1e-4)  # spot all the way
+    # spot for one tick: 90 s of work and a 10 s checkpoint there, then on-demand: a 20 s restore and 110 s
+    assert best([[True]]) == pytest.approx(100 * 1 + 130 * 10, rel=1e-4)
+    # waiting for spot is free: with room, wait two ticks and run on spot from the start ...
+    assert best([[True, False, True, True]]) == pytest.approx(200, rel=1e-4)
+    # ... with less, work the first tick, checkpoint, wait out the gap, restore and finish by 330 s
+    assert best([[True, False, True, True]], deadline_s=350.0) == pytest.approx(100 + 100 + 30, rel=1e-4)
+    # ... unless the deadline forbids the wait: on-demand straight through
+    assert best([[False, False, True, True]], deadline_s=200.0) == pytest.approx(2000, rel=1e-4)
+    # two zones, each up in turn, no time to wait: the move costs a checkpoint and a restore
+    assert best([[True, False, False], [False, True, True]], deadline_s=250.0) == pytest.approx(230, rel=1e-4)
+    # zones with prices of their own (regions): the cheaper one
+    assert best([[True, True], [True, True]], spot_price=[2.0, 1.0]) == pytest.approx(200, rel=1e-4)
+
+
+def test_no_policy_beats_the_optimum() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(30):
+        zones = rng.randint(1, 3)
+        traces = [Trace.from_data(f"z{z}", 3600.0, [int(rng.random() < 0.4) for _ in range(40)]) for z in range(zones)]
+        job = rng.choice([4.0, 6.0, 10.0])
+        report = hand(traces, job, job * rng.choice([1.2, 1.5, 2.5]))
+        assert report.optimal is not None and report.optimal.exact
+        for name, result in report.policies.items():
+            if result.deadline_met:
+                assert report.optimal.cost <= result.cost + 1e-6, (name, traces, job)
+                assert report.gap_to_optimal[name] >= -1e-6
+        assert report.optimal.cost <= report.policies["on_demand"].cost + 1e-6
+
+
+def test_the_optimum_on_the_shared_traces_is_below_every_policy(shared: dict[str, list[Trace]]) -> None:
+    traces = shared["availability"]
+    for zones in ([traces[0]], traces[:2]):
+        report = simulate(zones, 48, 70)
+        assert report.optimal is not None
+        assert report.optimal.cost <= min(r.cost for r in report.policies.values())
+        assert 0 <= report.gap_to_optimal["ferry"] < report.gap_to_optimal["uniform_progress"]

@@ -25,7 +25,8 @@ EPILOG = """examples:
 def add_simulate_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
                         common: argparse.ArgumentParser) -> None:
     """Adds `ferry simulate` to the CLI's subcommands (`common` adds -o/--output and --addr)."""
-    help_ = "replay spot availability traces: Ferry's policy against on-demand and Uniform Progress"
+    help_ = ("replay spot availability traces: Ferry's policy against on-demand, Uniform Progress and the "
+             "omniscient optimum (the cheapest schedule that knows the future)")
     p = sub.add_parser("simulate", help=help_, description=help_, parents=[common], epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", action="append", required=True, metavar="FILE",
@@ -99,7 +100,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      r.moves, f"{r.lost_hours:.2f}", finished])
     print(f"{len(report.traces)} zone(s), {report.job_hours:g} h of work, deadline {report.deadline_hours:g} h, "
           f"from hour {report.start_hour:g} of the traces")
-    table(rows, ["POLICY", "COST USD", "VS ON-DEMAND", "DEADLINE", "MOVES", "LOST H", "FINISHED H"])
+    best = report.optimal
+    if best is not None:
+        for row in rows:
+            row.append(f"{report.gap_to_optimal.get(str(row[0]), 0.0):+.1%}")
+        finished = "-" if best.finished_at_hours is None else f"{best.finished_at_hours:.2f}"
+        rows.append(["optimal" + ("" if best.exact else " (bound)"), f"{best.cost:.2f}", f"{best.cost_ratio:.3f}",
+                     "met", "-", "-", finished, "-"])
+    table(rows, ["POLICY", "COST USD", "VS ON-DEMAND", "DEADLINE", "MOVES", "LOST H", "FINISHED H",
+                 *(["VS OPTIMAL"] if best is not None else [])])
     print(f"ferry saves {report.saving_vs('uniform_progress'):.1%} against uniform_progress "
           f"and {report.saving_vs('on_demand'):.1%} against on_demand")
     return 0

@@ -25,7 +25,10 @@ The model (all times in seconds, prices in USD per hour, billing per second of h
 
 Reported per policy: cost, cost over the cost of the whole job on on-demand, deadline met, moves
 (node changes after the first placement; a zone counts as one node) and lost hours (progress thrown
-away by preemptions plus time spent checkpointing for a move and restoring).
+away by preemptions plus time spent checkpointing for a move and restoring). Next to them, the
+omniscient bound (``ferry.policy.optimum``: the cheapest schedule that meets the deadline knowing
+every zone's future, with the same checkpoint and restore times) and each policy's gap to it
+(its cost over the bound's, less one).
 """
 
 import json
@@ -40,6 +43,7 @@ from pydantic import BaseModel
 from ferry.common.errors import UsageError
 from ferry.policy import decisions as policy
 from ferry.policy.decisions import JobView, NodeView
+from ferry.policy.optimum import Optimum, optimum
 
 ON_DEMAND = "on-demand"
 _EPS = 1e-9
@@ -140,6 +144,8 @@ class SimulationReport(BaseModel):
     on_demand_price: float
     spot_price: float
     policies: dict[str, PolicyResult]
+    optimal: Optimum | None = None
+    gap_to_optimal: dict[str, float] = {}  # policy -> its cost over the optimum's, less one
 
     def saving_vs(self, baseline: str, policy_name: str = "ferry") -> float:
         """The fraction of `baseline`'s cost that `policy_name` saves (negative: it costs more)."""
@@ -376,9 +382,10 @@ def _ferry(traces: Sequence[Trace], model: Model, start: int) -> PolicyResult:
 
 def simulate(traces: Sequence[Trace], job_hours: float, deadline_hours: float, *, on_demand_price: float = 3.06,
              spot_price: float = 0.92, checkpoint_every_s: float = 600.0, checkpoint_s: float = 30.0,
-             restore_s: float = 60.0, start_tick: int = 0) -> SimulationReport:
+             restore_s: float = 60.0, start_tick: int = 0, optimal: bool = True) -> SimulationReport:
     """Runs the job under Ferry's policy, on-demand only and Uniform Progress over `traces` (one zone
-    each), from tick `start_tick` of the traces. Ticks past a trace's end count as no spot capacity."""
+    each), from tick `start_tick` of the traces, and (``optimal``) finds the omniscient bound. Ticks
+    past a trace's end count as no spot capacity."""
     if not traces:
         raise UsageError("give at least one trace")
     gaps = {tr.gap_seconds for tr in traces}
@@ -395,7 +402,15 @@ def simulate(traces: Sequence[Trace], job_hours: float, deadline_hours: float, *
                   checkpoint_every_s, checkpoint_s, restore_s, _zone_ids(traces))
     results = {"ferry": _ferry(traces, model, start_tick), "on_demand": _on_demand(model),
                "uniform_progress": _uniform_progress(traces, model, start_tick)}
+    best = None
+    gaps_to: dict[str, float] = {}
+    if optimal:
+        ticks = math.ceil(model.deadline_s / model.gap) + 1
+        best = optimum([[tr.available(start_tick + i) for i in range(ticks)] for tr in traces], job_s=model.job_s,
+                       deadline_s=model.deadline_s, gap=model.gap, spot_price=spot_price,
+                       on_demand_price=on_demand_price, checkpoint_s=checkpoint_s, restore_s=restore_s)
+        gaps_to = {name: round(r.cost / best.cost - 1, 6) if best.cost > 0 else 0.0 for name, r in results.items()}
     return SimulationReport(traces=list(model.zones), gap_seconds=model.gap,
                             start_hour=start_tick * model.gap / policy.HOUR, job_hours=job_hours,
                             deadline_hours=deadline_hours, on_demand_price=on_demand_price, spot_price=spot_price,
-                            policies=results)
+                            policies=results, optimal=best, gap_to_optimal=gaps_to)
