@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -130,17 +131,27 @@ def supervisor(cluster: Cluster, count: int = 5) -> dict[str, Any]:
         cluster.ferry("run", "--name", f"sup-{i}", "--", "sleep", "600")
     shims: list[psutil.Process] = []
 
-    def found() -> bool:
-        shims[:] = [p for p in psutil.Process(cluster.proc.pid).children(recursive=True)  # type: ignore[union-attr]
-                    if "ferry.criu.shim" in " ".join(p.cmdline())]
+    def found() -> bool:  # the shims run in sessions of their own, so not under `ferry up`
+        shims[:] = []
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "ferry.criu.shim" in cmd and str(cluster.data_dir) in cmd:  # the other jobs have ended
+                shims.append(p)
         return len(shims) >= count
 
     wait_for(found, 60, "the shims of the sleeping jobs")
     time.sleep(1)
     pss = [p.memory_full_info().pss / 2**20 for p in shims]
-    cpu = [(p.cpu_times().user + p.cpu_times().system) * 1000 for p in shims]
     for i in range(count):
         cluster.ferry("kill", f"sup-{i}")
+    # its start: the interpreter and the shim's imports (the running shim is a fork whose own CPU
+    # counters began after them, so they are measured as a child of this process)
+    cpu = []
+    for _ in range(count):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", "import ferry.criu.shim"], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000)
     return {"pss_mib": [round(x, 1) for x in pss], "cpu_ms": [round(x) for x in cpu]}
 
 
@@ -181,7 +192,8 @@ def report(r: dict[str, Any]) -> str:
         f"{'yes' if median(r['nodes_s']) <= 0.12 else '**no**'} |",
         f"| a job's supervisor: PSS (MiB) | {', '.join(map(str, r['supervisor']['pss_mib']))} | <= 5 | "
         f"{'yes' if median(r['supervisor']['pss_mib']) <= 5 else '**no**'} |",
-        f"| ... CPU to start (ms) | {', '.join(map(str, r['supervisor']['cpu_ms']))} | <= 20 | "
+        f"| ... CPU to start: its interpreter and imports (ms) | "
+        f"{', '.join(map(str, r['supervisor']['cpu_ms']))} | <= 20 | "
         f"{'yes' if median(r['supervisor']['cpu_ms']) <= 20 else '**no**'} |",
         f"| one placement at 10,000 jobs (2,000 running), 1,000 nodes (median) | "
         f"{r['placement']['median_ms']} ms | <= 2 ms | {'yes' if r['placement']['median_ms'] <= 2 else '**no**'} |",
