@@ -106,6 +106,20 @@ def run_directory(base: str | None, keep: bool, prefix: str) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def add_run_arguments(parser: Any) -> None:
+    """The options every cluster benchmark takes: where its run lives, keeping it, its outputs."""
+    parser.add_argument("--dir", help="where the run's cluster lives (default: a new temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the run's folder")
+    parser.add_argument("--json", help="write the result here as JSON")
+    parser.add_argument("--md", help="write the report here as Markdown")
+
+
+def machine_line(mach: dict[str, Any], load_before: str, load_after: str) -> str:
+    """The report's last line: the machine and its load around the run."""
+    return (f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, kernel {mach['kernel']}, "
+            f"Python {mach['python']}. Load before: `{load_before}`; after: `{load_after}`.")
+
+
 def emit(result: dict[str, Any], report: str, json_path: str | None, md_path: str | None) -> None:
     """A benchmark's result as JSON (``--json``), its report as Markdown (``--md``), and the report printed."""
     if json_path:

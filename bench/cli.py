@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import FERRY, Cluster, emit, machine, median, run_directory, uptime
+from benchkit import FERRY, Cluster, add_run_arguments, emit, machine, machine_line, median, run_directory, uptime
 
 PY = sys.executable
 GOAL_MS = 120.0
@@ -80,18 +80,14 @@ def report(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, kernel {mach['kernel']}, "
-        f"Python {mach['python']}. Load before: `{result['load_before']}`; after: `{result['load_after']}`.",
+        machine_line(mach, result["load_before"], result["load_after"]),
     ])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--dir", help="where the run's cluster lives (default: a new temporary folder)")
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--json")
-    parser.add_argument("--md")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     with run_directory(args.dir, args.keep, "ferry-cli-bench-") as run_dir:
         cluster = Cluster(Path(run_dir) / "cluster")

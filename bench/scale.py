@@ -28,7 +28,18 @@ from typing import Any
 
 import grpc
 import psutil
-from benchkit import FERRY, Cluster, emit, machine, median, run_directory, uptime, wait_for
+from benchkit import (
+    FERRY,
+    Cluster,
+    add_run_arguments,
+    emit,
+    machine,
+    machine_line,
+    median,
+    run_directory,
+    uptime,
+    wait_for,
+)
 
 from ferry.common.models import Job, JobState, Node
 from ferry.policy import decisions
@@ -198,8 +209,7 @@ def report(r: dict[str, Any]) -> str:
         f"| one placement at 10,000 jobs (2,000 running), 1,000 nodes (median) | "
         f"{r['placement']['median_ms']} ms | <= 2 ms | {'yes' if r['placement']['median_ms'] <= 2 else '**no**'} |",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, Python {m['python']}. "
-        f"Load before: `{r['load_before']}`; after: `{r['load_after']}`; the run took {r['seconds']:.0f} s.",
+        f"{machine_line(m, r['load_before'], r['load_after'])} The run took {r['seconds']:.0f} s.",
     ])
 
 
@@ -207,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--dir")
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--json")
-    parser.add_argument("--md")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     began = time.monotonic()
     with run_directory(args.dir, args.keep, "ferry-scale-bench-") as run_dir:
