@@ -71,7 +71,7 @@ def _prepare(call: RuncCall) -> tuple[list[str], dict[str, Any]] | None:
     from ferry.kube.annotations import CRI_CONTAINER_TYPE, RESTORE_FROM, job_of
     from ferry.kube.groups import FRESH
     from ferry.kube.ocispec import refuse_io_uring
-    from ferry.kube.podimages import CRIU_ANNOTATION, write_criu_conf
+    from ferry.kube.podimages import CRIU_ANNOTATION, open_configured_store, write_criu_conf
 
     bundle = Path(call.bundle or ".")
     spec_path = bundle / "config.json"
@@ -86,14 +86,26 @@ def _prepare(call: RuncCall) -> tuple[list[str], dict[str, Any]] | None:
     group = _group(annotations)
     value = annotations.get(RESTORE_FROM)
     fetched = None
+    store: CheckpointStore | Exception | None = None
+    if value or group is not None:  # opened once for the restore and the group
+        try:
+            store = open_configured_store()
+        except Exception as exc:  # a fresh start: the restore's report says why
+            store = exc
     if value:
         try:
-            fetched = _fetch(bundle, value, job, group)
+            if isinstance(store, Exception):
+                raise store
+            assert store is not None
+            fetched = _fetch(store, bundle, value, job, group)
         except Exception as exc:  # any failure means a fresh start, said in the report
             _report(bundle, restored=False, restore_from=value, reason=f"{type(exc).__name__}: {exc}")
             print(f"ferry-runc: not restoring from {value}: {exc}; starting fresh", file=sys.stderr)
     if group is not None:
-        _join(bundle, group, fetched[2] if fetched else FRESH, job)
+        if isinstance(store, Exception):
+            print(f"ferry-runc: could not clear {job}'s old markers in group {group.name}: {store}", file=sys.stderr)
+        elif store is not None:
+            _join(store, bundle, group, fetched[2] if fetched else FRESH, job)
     if fetched is None:
         return None
     images, report, _ = fetched
@@ -111,20 +123,19 @@ def _group(annotations: dict[str, str]) -> GroupSpec | None:
         return None
 
 
-def _join(bundle: Path, group: GroupSpec, base: str, job: str) -> None:
+def _join(store: CheckpointStore, bundle: Path, group: GroupSpec, base: str, job: str) -> None:
     """Record which incarnation of the group this container is (``base``) and clear its markers
     of that incarnation left by an earlier container of the job."""
     from ferry.kube.groups import unsay
-    from ferry.kube.podimages import open_configured_store
 
     (bundle / GROUP_FILE).write_text(json.dumps({"group": group.name, "base": base}) + "\n")
     try:
-        unsay(open_configured_store().backend, group.name, base, job)
+        unsay(store.backend, group.name, base, job)
     except Exception as exc:
         print(f"ferry-runc: could not clear {job}'s old markers in group {group.name}: {exc}", file=sys.stderr)
 
 
-def _fetch(bundle: Path, value: str, job: str, group: GroupSpec | None
+def _fetch(store: CheckpointStore, bundle: Path, value: str, job: str, group: GroupSpec | None
            ) -> tuple[Path, dict[str, Any], str] | None:
     """The checkpoint's images in the bundle and its root filesystem changes applied, with the
     report so far and the group record it belongs to (``FRESH`` for none); None for ``auto`` with
@@ -132,9 +143,8 @@ def _fetch(bundle: Path, value: str, job: str, group: GroupSpec | None
     from ferry.kube.annotations import AUTO, CheckpointRef, parse_restore_from
     from ferry.kube.groups import FRESH
     from ferry.kube.overlay import apply_changes
-    from ferry.kube.podimages import ROOTFS_CHANGES, consumed_key, fetch, open_configured_store, resumable
+    from ferry.kube.podimages import ROOTFS_CHANGES, consumed_key, fetch, resumable
 
-    store = open_configured_store()
     base = FRESH
     if value.strip() == AUTO and group is not None:
         from ferry.kube.groups import choose, records

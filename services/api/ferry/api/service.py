@@ -46,12 +46,11 @@ OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) 
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
-    def __init__(self, bus: Bus, settings: Settings, tenants: Tenants | None = None,
-                 jobs: Mirror[Job] | None = None) -> None:
+    def __init__(self, bus: Bus, settings: Settings, jobs: Mirror[Job], tenants: Tenants | None = None) -> None:
         self.bus = bus
         # a watch-fed copy of the jobs (the service's): a submit's quota check, `ferry ps` and a
         # lookup by name read it instead of every job's record from KV, which made each call's
-        # cost grow with the cluster's history; without one (a bare servicer) they read KV
+        # cost grow with the cluster's history
         self.jobs = jobs
         self.settings = settings
         self.tenants = tenants or Tenants(settings.tokens_file, settings.token)
@@ -79,25 +78,20 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             job = await self.bus.jobs.get(ref)
             if job is not None and me.may_see(job):
                 return job
-        if self.jobs is not None:
-            named = self.jobs.find(ref)
-            if named is None and await self.jobs.caught_up():
-                named = self.jobs.find(ref)  # written a moment ago
-            found = await self.bus.jobs.get(named.id) if named is not None else None  # its newest record
-            if found is not None and found.name == ref and me.may_see(found):
-                return found
-            if named is not None:
-                raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
-        for job in await self.bus.jobs.values():
-            if job.name == ref and me.may_see(job):
-                return job
+        named = self.jobs.find(ref)
+        if named is None:
+            current = await self.jobs.caught_up()
+            named = self.jobs.find(ref)  # written a moment ago
+            if named is None and not current:  # the copy could not catch up: every record from KV
+                named = next((j for j in await self.bus.jobs.values() if j.name == ref), None)
+        found = await self.bus.jobs.get(named.id) if named is not None else None  # its newest record
+        if found is not None and found.name == ref and me.may_see(found):
+            return found
         raise NotFoundError(f"no job {ref!r}: `ferry ps -a` lists jobs")
 
     async def all_jobs(self) -> list[Job]:
-        """Every job as it is now, to read only: from the watch-fed copy once it holds every write
-        made so far, else (no copy) from KV."""
-        if self.jobs is None:
-            return await self.bus.jobs.values()
+        """Every job as it is now, to read only: the watch-fed copy once it holds every write made
+        so far."""
         await self.jobs.caught_up()
         return self.jobs.view()
 
@@ -718,7 +712,7 @@ class Api(Service):
         bus = await self.connect()
         self.jobs = Mirror(bus.jobs, unique=lambda j: j.name)
         await self.jobs.start()
-        servicer = AdminServicer(bus, self.settings, tenants, self.jobs)
+        servicer = AdminServicer(bus, self.settings, self.jobs, tenants)
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(tenants, servicer.write_audit), ErrorInterceptor()])
         pb_grpc.add_FerryAdminServicer_to_server(servicer, self.server)
         if listener.bind(self.server) == 0:
