@@ -346,6 +346,10 @@ def test_the_optimum_by_hand() -> None:
     assert best([[True, False, False], [False, True, True]], deadline_s=250.0) == pytest.approx(230, rel=1e-4)
     # zones with prices of their own (regions): the cheaper one
     assert best([[True, True], [True, True]], spot_price=[2.0, 1.0]) == pytest.approx(200, rel=1e-4)
+    # a restore longer than a tick (150 s of 100 s ticks): two ticks on one zone, 190 s of work and a
+    # checkpoint, then the other zone from 200 s: the restore till 350 s and 110 s of work, by 480 s
+    two = [[True, True], [False, False, True, True, True]]
+    assert best(two, job_s=300.0, deadline_s=480.0, restore_s=150.0) == pytest.approx(200 + 260, rel=1e-4)
 
 
 def test_no_policy_beats_the_optimum() -> None:
@@ -372,3 +376,27 @@ def test_the_optimum_on_the_shared_traces_is_below_every_policy(shared: dict[str
         assert report.optimal is not None
         assert report.optimal.cost <= min(r.cost for r in report.policies.values())
         assert 0 <= report.gap_to_optimal["ferry"] < report.gap_to_optimal["uniform_progress"]
+
+
+def test_no_policy_beats_the_optimum_when_a_restore_outlasts_a_tick() -> None:
+    """The preemption traces' 32 s ticks against a 60 s restore: the bound must still be one."""
+    import random
+
+    rng = random.Random(11)
+    for _ in range(12):
+        zones = rng.randint(1, 2)
+        traces = [Trace.from_data(f"z{z}", 32.0, _runs(rng, 400, switch=0.02)) for z in range(zones)]
+        report = simulate(traces, 1.5, 2.5, checkpoint_every_s=300.0)
+        assert report.optimal is not None and report.optimal.exact
+        for name, result in report.policies.items():
+            assert result.deadline_met, name
+            assert report.optimal.cost <= result.cost + 1e-6, (name, report.optimal, result)
+
+
+def _runs(rng: Any, ticks: int, switch: float) -> list[int]:
+    """Spot availability in runs (a zone keeps its state from tick to tick but for `switch`)."""
+    out, state = [], 0
+    for _ in range(ticks):
+        state = 1 - state if rng.random() < switch else state
+        out.append(state)
+    return out

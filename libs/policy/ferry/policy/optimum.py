@@ -14,6 +14,11 @@ work since a periodic one: see below). In one tick it can:
   there, then restore and work on another available node (the move of the policies' model: the
   checkpoint billed on the old node, the rest of the tick on the new one).
 
+A restore may take longer than a tick (a 60 s restore on traces of 32 s ticks): a job on a node
+counts its progress from minus the restore time still to run, so it crosses into the next ticks as
+work does. Leaving a node in the middle of a restore is never useful (not starting it is cheaper
+and saves the same), so the search does not offer it.
+
 The job finishes inside the tick where its progress reaches the work; billing stops then, and the
 finish must come by the deadline. Costs are each node's price for the seconds held, as in the
 policies' model, so no policy can cost less: a policy's periodic checkpoints and the work it loses
@@ -22,7 +27,8 @@ to preemptions are billed time the bound can spend waiting instead, at no cost.
 Progress is counted on a grid of the largest step that divides the tick, the checkpoint and the
 restore times (15 s for a 195 s tick, 30 s and 60 s). Where that grid would need more than
 ``MAX_BINS`` cells, the checkpoint and restore times are rounded down onto a coarser grid: the
-result is then still a lower bound, no longer exact, and the report says so (``exact``).
+result is then still a lower bound, no longer exact, and the report says so (``exact``). So it is
+where a checkpoint is longer than a tick: the search lets it end inside its tick.
 """
 
 from __future__ import annotations
@@ -60,7 +66,8 @@ def grid_step(gap: float, checkpoint_s: float, restore_s: float) -> float:
 
 
 class _Search:
-    """The dynamic programme's tables and steps (``optimum`` runs it)."""
+    """The dynamic programme's tables and steps (``optimum`` runs it). Tables are indexed by progress
+    cells: ``pending`` from 0, ``on`` from ``-lead`` (a restore still running)."""
 
     def __init__(self, prices: list[float], job_s: float, deadline_s: float, gap: float, checkpoint_s: float,
                  restore_s: float) -> None:
@@ -69,22 +76,26 @@ class _Search:
         step, self.exact = grid_step(gap, checkpoint_s, restore_s), True
         if math.ceil(job_s / step) > MAX_BINS:  # a coarser grid that still divides the tick
             step, self.exact = gap / max(1, math.floor(gap / (job_s / MAX_BINS))), False
+        self.step = step
         self.c_b, self.r_b = math.floor(checkpoint_s / step + 1e-9), math.floor(restore_s / step + 1e-9)
         self.g_b = round(gap / step)
+        self.exact = self.exact and self.c_b <= self.g_b
         self.c_s, self.r_s = self.c_b * step, self.r_b * step  # on the grid (the given times when exact)
         self.bins = math.ceil(job_s / step - 1e-9)  # progress cells below the work: 0 .. bins-1
-        self.x = np.arange(self.bins) * step  # the progress of each cell, seconds
+        self.lead = self.r_b  # cells below zero in `on`: a restore with that much still to run
         self.pending = np.full(self.bins, INF)  # pending, with what it saved
         self.pending[0] = 0.0
-        self.on = np.full((self.nodes, self.bins), INF)  # on a node, with its progress
+        self.on = np.full((self.nodes, self.lead + self.bins), INF)  # on a node, with its progress
         self.best: float = INF
         self.best_at: float | None = None
 
-    def finish(self, costs: NDArray[np.float64], start: float, before: float, price: float,
+    def finish(self, costs: NDArray[np.float64], low: int, start: float, before: float, price: float,
                unbilled: float = 0.0) -> None:
-        """Finishing from each cell, working after ``before`` seconds of overhead into the tick at
-        ``start``, billed at ``price`` but for its first ``unbilled`` seconds (billed already)."""
-        need = before + (self.job_s - self.x)  # seconds into the tick at which the work is done
+        """Finishing from each cell (the first is progress ``low``), working after ``before`` seconds
+        of overhead into the tick at ``start``, billed at ``price`` but for its first ``unbilled``
+        seconds (billed already)."""
+        x = (np.arange(len(costs)) + low) * self.step
+        need = before + (self.job_s - x)  # seconds into the tick at which the work is done
         ok = (need <= self.gap + 1e-9) & (start + need <= self.deadline_s + 1e-6) & np.isfinite(costs)
         if ok.any():
             total = np.where(ok, costs + price * (need - unbilled) / HOUR, INF)
@@ -92,30 +103,32 @@ class _Search:
             if total[i] < self.best:
                 self.best, self.best_at = float(total[i]), start + float(need[i])
 
-    def shift(self, into: NDArray[np.float64], costs: NDArray[np.float64], by: int) -> None:
-        """into[cell + by] = min(into[cell + by], costs[cell]) for the cells that stay below the work."""
-        if by == 0:
-            np.minimum(into, costs, out=into)
-        elif 0 < by < self.bins:
-            np.minimum(into[by:], costs[:self.bins - by], out=into[by:])
+    @staticmethod
+    def put(into: NDArray[np.float64], into_low: int, costs: NDArray[np.float64], low: int, by: int) -> None:
+        """into[progress + by] = min(into[progress + by], costs[progress]) for the progress values
+        both tables hold (the first cell of ``into`` is progress ``into_low``, of ``costs`` ``low``)."""
+        d = low + by - into_low
+        i0, i1 = max(0, -d), min(len(costs), len(into) - d)
+        if i1 > i0:
+            np.minimum(into[i0 + d:i1 + d], costs[i0:i1], out=into[i0 + d:i1 + d])
 
     def tick(self, start: float, up: list[bool]) -> None:
         new_pending = self.pending.copy()  # waiting is free
-        new_on = np.full((self.nodes, self.bins), INF)
+        new_on = np.full_like(self.on, INF)
         checkpointed = np.full((self.nodes, self.bins), INF)  # on node n, then a checkpoint at the tick's start
         for n in range(self.nodes):
             if up[n]:  # a node that is gone this tick has nobody on it: they left before
                 self._start_on(n, start, new_pending, new_on)
                 self._stay_or_leave(n, start, new_pending, new_on, checkpointed)
-        if self.c_b + self.r_b <= self.g_b and np.isfinite(checkpointed).any():
+        if self.c_b <= self.g_b and np.isfinite(checkpointed).any():
             self._move(start, up, checkpointed, new_on)
         self.pending, self.on = new_pending, new_on
 
     def _move(self, start: float, up: list[bool], checkpointed: NDArray[np.float64],
               new_on: NDArray[np.float64]) -> None:
-        """Checkpoint on one node, then restore and work on another, in this tick: to each node m,
-        the cheapest checkpointed cell of the other nodes (the best, or where the best is m's own,
-        the second best)."""
+        """Checkpoint on one node, then restore and work on another, starting in this tick: to each
+        node m, the cheapest checkpointed cell of the other nodes (the best, or where the best is
+        m's own, the second best)."""
         cells = np.arange(self.bins)
         first = checkpointed.argmin(axis=0)
         best = checkpointed[first, cells]
@@ -125,9 +138,9 @@ class _Search:
         for m in range(self.nodes):
             if up[m]:
                 src = np.where(first == m, second, best)
-                self.finish(src, start, self.c_s + self.r_s, self.prices[m], unbilled=self.c_s)
-                self.shift(new_on[m], src + self.prices[m] * (self.gap - self.c_s) / HOUR,
-                           self.g_b - self.c_b - self.r_b)
+                self.finish(src, 0, start, self.c_s + self.r_s, self.prices[m], unbilled=self.c_s)
+                self.put(new_on[m], -self.lead, src + self.prices[m] * (self.gap - self.c_s) / HOUR, 0,
+                         self.g_b - self.c_b - self.r_b)
 
     def _start_on(self, n: int, start: float, new_pending: NDArray[np.float64], new_on: NDArray[np.float64]) -> None:
         """Pending -> node ``n``: a fresh start, or a restore of what was saved; then work, or work
@@ -136,23 +149,21 @@ class _Search:
         fresh, saved = np.full(self.bins, INF), self.pending.copy()
         fresh[0], saved[0] = self.pending[0], INF
         for src, overhead, ob in ((fresh, 0.0, 0), (saved, self.r_s, self.r_b)):
-            if ob > self.g_b:
-                continue
-            self.finish(src, start, overhead, p)
-            self.shift(new_on[n], src + p * self.gap / HOUR, self.g_b - ob)
+            self.finish(src, 0, start, overhead, p)
+            self.put(new_on[n], -self.lead, src + p * self.gap / HOUR, 0, self.g_b - ob)
             if self.g_b - ob - self.c_b >= 0:
-                self.shift(new_pending, src + p * self.gap / HOUR, self.g_b - ob - self.c_b)
+                self.put(new_pending, 0, src + p * self.gap / HOUR, 0, self.g_b - ob - self.c_b)
 
     def _stay_or_leave(self, n: int, start: float, new_pending: NDArray[np.float64], new_on: NDArray[np.float64],
                        checkpointed: NDArray[np.float64]) -> None:
-        here, p = self.on[n], self.prices[n]
+        here, p, low = self.on[n], self.prices[n], -self.lead
         if not np.isfinite(here).any():
             return
-        self.finish(here, start, 0.0, p)
-        self.shift(new_on[n], here + p * self.gap / HOUR, self.g_b)  # the whole tick here
-        if self.g_b >= self.c_b:
-            self.shift(new_pending, here + p * self.gap / HOUR, self.g_b - self.c_b)  # work, checkpoint, wait
-        checkpointed[n] = here + p * self.c_s / HOUR
+        self.finish(here, low, start, 0.0, p)
+        self.put(new_on[n], low, here + p * self.gap / HOUR, low, self.g_b)  # the whole tick here
+        if self.g_b >= self.c_b:  # work (the rest of a restore first), checkpoint, wait
+            self.put(new_pending, 0, here + p * self.gap / HOUR, low, self.g_b - self.c_b)
+        checkpointed[n] = here[self.lead:] + p * self.c_s / HOUR  # not in the middle of a restore
         np.minimum(new_pending, checkpointed[n], out=new_pending)  # checkpoint now, then wait
 
 
