@@ -11,6 +11,7 @@ from ferry.policy.decisions import (
     place,
     score_node,
     should_move,
+    slack_reserve_s,
     slack_s,
 )
 
@@ -153,6 +154,24 @@ def test_a_deadline_job_waits_for_spot_until_the_deadline_needs_on_demand() -> N
     assert choose_node(critical, [SPOT, ON_DEMAND], 0.0, horizon_s=195) == ON_DEMAND
     # without a deadline there is nothing to wait for
     assert choose_node(job("a"), [gone, ON_DEMAND], 0.0) == ON_DEMAND
+
+
+def test_a_deadline_job_keeps_a_slack_reserve_for_going_back_to_spot() -> None:
+    """Its slack down to the reserve (8 trips of two 90 s moves and a 600 s interval = 104 min,
+    or a fifth of the work left if less), the job sits out an outage on on-demand instead of
+    spending the rest, and goes back to spot when it returns: still not critical."""
+    gone = node("spot-a", spot=True, price=0.92, usable=False, reason="no spot capacity")
+    work = 24 * HOUR
+    assert slack_reserve_s(job("a", deadline_at=36 * HOUR, remaining_s=work)) == 8 * (2 * 90 + 600)
+    assert slack_reserve_s(job("a", deadline_at=2 * HOUR, remaining_s=HOUR)) == 0.2 * HOUR
+    above = job("a", deadline_at=work + 90 + 8 * 780 + 60, remaining_s=work)
+    below = job("a", deadline_at=work + 90 + 8 * 780 - 60, remaining_s=work)
+    assert choose_node(above, [gone, ON_DEMAND], 0.0, horizon_s=195) is None
+    assert choose_node(below, [gone, ON_DEMAND], 0.0, horizon_s=195) == ON_DEMAND
+    assert not deadline_critical(below, 0.0, 195)
+    on_od = replace(below, node="od")
+    assert choose_node(on_od, [SPOT, ON_DEMAND], 0.0, horizon_s=195) == SPOT
+    assert should_move(on_od, ON_DEMAND, SPOT, 0.0, work, None, horizon_s=195).move
 
 
 # ---------------------------------------------------------------- rebalancing

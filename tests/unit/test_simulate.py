@@ -284,12 +284,13 @@ def shared() -> dict[str, list[Trace]]:
 def test_ferry_meets_every_deadline_for_less_than_uniform_progress(
         shared: dict[str, list[Trace]], kind: str, job_hours: float, deadline_hours: float, offsets: list[int]) -> None:
     """Every zone alone and all zones together, from several start offsets: Ferry meets every deadline
-    and costs no more than Uniform Progress, run by run.
+    and costs no more than 1% above Uniform Progress, run by run, and less over each zone's runs.
 
-    This is not a law: sweeping the start every 3 hours over both trace sets (3650 runs), Uniform
-    Progress was cheaper in 6 runs, by at most 0.8% (see the next test) - runs where spot happened to
-    last until its switch to on-demand, so its no-checkpoint gamble paid off while Ferry paid for
-    its checkpoints. Averaged over each trace set Ferry costs a fraction of Uniform Progress.
+    Cheaper run by run is not a law: Uniform Progress wins runs where spot happened to last until its
+    switch to on-demand, so its no-checkpoint gamble paid off while Ferry paid for its checkpoints
+    (see the next test), and runs in zones with almost no spot, where Ferry's slack reserve sends it
+    to on-demand early and it pays for a few moves back to short spells of spot (by at most 0.5% in
+    these settings). Averaged over each trace set Ferry costs a fraction of Uniform Progress.
     """
     traces = shared[kind]
     for zones in [[t] for t in traces] + [traces]:
@@ -301,7 +302,7 @@ def test_ferry_meets_every_deadline_for_less_than_uniform_progress(
             where = f"{report.traces} from hour {hour}"
             assert ferry.deadline_met, where
             assert up.deadline_met, where
-            assert ferry.cost <= up.cost + 1e-9, f"{where}: ferry {ferry.cost:.2f} > uniform progress {up.cost:.2f}"
+            assert ferry.cost <= up.cost * 1.01, f"{where}: ferry {ferry.cost:.2f} > uniform progress {up.cost:.2f}"
             assert report.policies["on_demand"].cost_ratio == 1.0
             ferry_total += ferry.cost
             up_total += up.cost

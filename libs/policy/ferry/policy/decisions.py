@@ -23,7 +23,9 @@ throw away; a critical job is sent to on-demand (spot nodes score below every on
 `should_move` moves it off spot at once). Checked at every look, this keeps every deadline that
 on-demand alone could have met at submission. A job with a deadline that is not critical takes only
 spot nodes and otherwise waits (`choose_node`): waiting is free, and the guard still sends it to
-on-demand in time.
+on-demand in time. It waits only while its slack is above a reserve (`slack_reserve_s`); below it,
+it sits out outages on on-demand and goes back to spot when spot returns, rather than spend its
+last slack waiting and then run on on-demand to the end whatever spot does.
 """
 
 from collections.abc import Sequence
@@ -41,6 +43,9 @@ MAX_WASTE = 0.9
 CRITICAL_PENALTY = 1e6
 # The scheduler looks at every job at least this often; a decision must hold until the next look.
 REVIEW_EVERY_S = 60.0
+# Trips between on-demand and spot that a deadline job's slack reserve pays for (`slack_reserve_s`).
+RESERVE_TRIPS = 8.0
+RESERVE_OF_WORK = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,16 +219,31 @@ def best_node(job: JobView, nodes: Sequence[NodeView], now: float,
     return best, best_score
 
 
+def slack_reserve_s(job: JobView) -> float:
+    """The slack a job with a deadline keeps rather than spend it waiting for spot: enough for
+    ``RESERVE_TRIPS`` trips from on-demand to spot and back, each a move there, the work one
+    preemption throws away and a move back. Waiting is free, but slack spent down to the critical
+    line leaves the job on on-demand for the rest of its run, even while spot comes back; with the
+    reserve kept it sits out later outages on on-demand and returns to spot each time."""
+    trips = RESERVE_TRIPS * (2 * job.move_cost_s + job.checkpoint_every_s)
+    return trips if job.remaining_s is None else min(trips, RESERVE_OF_WORK * job.remaining_s)
+
+
 def choose_node(job: JobView, nodes: Sequence[NodeView], now: float,
                 horizon_s: float = REVIEW_EVERY_S) -> NodeView | None:
     """Where one job with a deadline should run now, or None to wait.
 
-    While the deadline is not critical the job takes only spot nodes (the best-scoring one) and
-    otherwise waits: waiting is free, and the deadline check guarantees on-demand in time. Once it is
-    critical, the score itself sends the job to on-demand. A job without a deadline takes the best node.
+    While its slack is above the reserve (``slack_reserve_s``) the job takes only spot nodes (the
+    best-scoring one) and otherwise waits: waiting is free, and the deadline check guarantees
+    on-demand in time. Below the reserve it takes on-demand when no spot node is there, and goes back
+    to spot when one is (``should_move``); once critical, the score itself sends it to on-demand. A
+    job without a deadline takes the best node.
     """
-    if job.deadline_at is not None and not deadline_critical(job, now, horizon_s):
-        nodes = [n for n in nodes if n.spot or n.id == job.node]
+    slack = slack_s(job, now)
+    if slack is not None and not deadline_critical(job, now, horizon_s):
+        spot = [n for n in nodes if n.spot or n.id == job.node]
+        if slack >= slack_reserve_s(job) or any(fit_problem(job, n) is None for n in spot):
+            nodes = spot
     best, _ = best_node(job, nodes, now, horizon_s)
     return best
 

@@ -23,6 +23,10 @@ The model (all times in seconds, prices in USD per hour, billing per second of h
   changeover of the Can't Be Late paper).
 - On-demand only runs straight through on on-demand.
 
+Ferry's policy is the scheduler's own (``ferry.policy.decisions``): it waits for spot while its
+slack is above its reserve, sits out outages on on-demand below it, and is sent to on-demand for
+good only when the deadline is critical.
+
 Reported per policy: cost, cost over the cost of the whole job on on-demand, deadline met, moves
 (node changes after the first placement; a zone counts as one node) and lost hours (progress thrown
 away by preemptions plus time spent checkpointing for a move and restoring). Next to them, the
@@ -369,9 +373,8 @@ def _ferry(traces: Sequence[Trace], model: Model, start: int) -> PolicyResult:
             run.preempt()
         event = avail != before
         before = avail
-        if run.node is None:
-            if any(avail) or policy.deadline_critical(_job_view(run, model, None), now, model.gap):
-                _ferry_decide(run, traces, model, tick, now)
+        if run.node is None:  # waits for spot, or takes on-demand once its slack is down to the reserve
+            _ferry_decide(run, traces, model, tick, now)
         elif event or (run.node >= 0 and policy.deadline_critical(_job_view(run, model, ""), now, model.gap)):
             _ferry_decide(run, traces, model, tick, now)
         run.advance(now)
