@@ -373,9 +373,10 @@ def _ferry(traces: Sequence[Trace], model: Model, start: int) -> PolicyResult:
             run.preempt()
         event = avail != before
         before = avail
-        if run.node is None:  # waits for spot, or takes on-demand once its slack is down to the reserve
-            _ferry_decide(run, traces, model, tick, now)
-        elif event or (run.node >= 0 and policy.deadline_critical(_job_view(run, model, ""), now, model.gap)):
+        # pending: it waits for spot, or takes on-demand once its slack is down to the reserve
+        on_spot = run.node is not None and run.node >= 0
+        if run.node is None or event or (on_spot and policy.deadline_critical(_job_view(run, model, ""), now,
+                                                                              model.gap)):
             _ferry_decide(run, traces, model, tick, now)
         run.advance(now)
         if run.finished_at is not None:
