@@ -25,7 +25,17 @@ from pydantic import BaseModel
 
 from ferry.common import wire
 from ferry.common.errors import ConfigError, FerryError, NotFoundError, UsageError
-from ferry.common.models import CheckpointRecord, GangCheckpoint, Job, Node, Op, PriceRecord, ServiceBeat
+from ferry.common.models import (
+    AutoscalePolicy,
+    CheckpointRecord,
+    FleetNode,
+    GangCheckpoint,
+    Job,
+    Node,
+    Op,
+    PriceRecord,
+    ServiceBeat,
+)
 from ferry.common.natsauth import NatsCreds
 from ferry.common.tracing import inject
 
@@ -275,6 +285,8 @@ class Bus:
         self.services: Table[ServiceBeat]
         self.prices: Table[PriceRecord]
         self.gangs: Table[GangCheckpoint]
+        self.autoscale: Table[AutoscalePolicy]
+        self.fleet: Table[FleetNode]
         self._subs: list[Any] = []
         self._create = True
         self.reconnects = Reconnects()
@@ -374,6 +386,8 @@ class Bus:
             self.services = await self._table(wire.KV_SERVICES, ServiceBeat)
             self.prices = await self._table(wire.KV_PRICES, PriceRecord)
             self.gangs = await self._table(wire.KV_GANGS, GangCheckpoint)
+            self.autoscale = await self._table(wire.KV_AUTOSCALE, AutoscalePolicy)
+            self.fleet = await self._table(wire.KV_FLEET, FleetNode)
         except nats.errors.Error as exc:
             raise BusError(f"cannot set up JetStream streams and buckets: {exc}") from exc
 

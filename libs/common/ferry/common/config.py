@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     rebalance_every_s: float = Field(default=30.0, gt=0)  # how often each running job is reviewed
     rebalance_horizon_s: float = Field(default=3600.0, gt=0)  # remaining time assumed without a deadline
     kill_grace_s: float = Field(default=5.0, ge=0)
+    # the autoscaler: where nodes come from ("": nowhere, it only watches; "local": `ferry up --provider local`)
+    provider: Literal["", "local"] = ""
+    fleet_dir: Path | None = None  # the local provider's folder; unset: <data_dir>/fleet
+    autoscale_every_s: float = Field(default=5.0, gt=0)  # plans at least this often (underused time runs out)
+    autoscale_drain_timeout_s: float = Field(default=600.0, gt=0)  # a retiring node's jobs must be gone by then
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     otel_endpoint: str = ""
     log_level: str = "INFO"

@@ -79,6 +79,11 @@ class Mirror(Generic[M]):
         self._listeners.append(event)
         return event
 
+    def unlisten(self, event: asyncio.Event) -> None:
+        """The reader of ``listen``'s event is done with it."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(event)
+
     def _changed(self) -> None:
         self.changed.set()
         for event in self._listeners:

@@ -5,7 +5,7 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ferry.common.jobnet import PortMap
 from ferry.common.opargs import OpArgs, Plain
@@ -304,3 +304,38 @@ class PriceRecord(Record):
     source: str = ""
     previous_price_per_hour: float | None = None  # the price this one replaced (the trend)
     previous_timestamp: float | None = None
+
+
+class AutoscalePolicy(Record):
+    """What ``ferry autoscale`` sets (KV ``ferry_autoscale``, key ``policy``): the autoscaler's bounds."""
+
+    enabled: bool = True
+    min_nodes: int = Field(default=1, ge=0)
+    max_nodes: int = Field(default=8, ge=1)
+    target_utilization: float = Field(default=0.8, gt=0, le=1)
+    scale_down_after_s: float = Field(default=600.0, ge=0)
+    scale_up_after_s: float = Field(default=5.0, ge=0)
+    updated: float = Field(default_factory=now)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalePolicy":
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"--min {self.min_nodes} is above --max {self.max_nodes}")
+        return self
+
+
+FleetState = Literal["launching", "running", "failed", "retiring", "terminated"]
+
+
+class FleetNode(Record):
+    """A node the autoscaler launched or retires (KV ``ferry_fleet``), so that a restarted
+    autoscaler knows what it was doing."""
+
+    id: str
+    provider: str
+    offer: str  # instance type / zone / market
+    state: FleetState
+    price_per_hour: float = 0.0
+    reason: str = ""
+    since: float = Field(default_factory=now)
+    op: str = ""  # the drain op of a node that retires

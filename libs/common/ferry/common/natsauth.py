@@ -11,6 +11,9 @@ A role may publish only what its work needs, and nothing else is allowed:
 - ``api``: sends user commands to the scheduler (``ferry.cmd.scheduler``), writes ops and the
   audit trail (``ferry.audit.>``), asks a node for logs; it can never command a node.
 - ``health`` and ``pricing``: node and price records, cluster events.
+- ``autoscaler``: its fleet records, drains through the scheduler (``ferry.cmd.scheduler``, like
+  the API), the node records of nodes it terminated, cluster events. ``api`` also writes the
+  autoscaling policy that ``ferry autoscale`` sets.
 - ``controller`` and ``podagent`` (Kubernetes: the controller, the node agents): cluster events.
 - ``checkpointer@N`` and ``migrator@N`` (one pair per node N): their own node's events, node
   record and consumers, and the progress of ops; nothing of another node. Where nodes come and
@@ -34,10 +37,10 @@ from pydantic import BaseModel, ConfigDict
 from ferry.common import wire
 from ferry.common.errors import ConfigError
 
-CONTROL_ROLES = ("scheduler", "api", "health", "pricing", "controller", "podagent")
+CONTROL_ROLES = ("scheduler", "api", "health", "pricing", "autoscaler", "controller", "podagent")
 NODE_ROLES = ("checkpointer", "migrator")
 _BUCKETS = (wire.KV_JOBS, wire.KV_NODES, wire.KV_CHECKPOINTS, wire.KV_OPS, wire.KV_SERVICES, wire.KV_PRICES,
-            wire.KV_GANGS)
+            wire.KV_GANGS, wire.KV_AUTOSCALE, wire.KV_FLEET)
 
 
 class NatsCreds(BaseModel):
@@ -112,7 +115,8 @@ def permissions(user: str) -> dict[str, dict[str, list[str]]]:
                 _kv(wire.KV_JOBS), _kv(wire.KV_OPS), _kv(wire.KV_CHECKPOINTS), _kv(wire.KV_NODES),
                 _kv(wire.KV_GANGS)]
     elif role == "api":
-        pub += [wire.SCHEDULER_CMD, _kv(wire.KV_OPS), "ferry.rpc.node.*.logs", wire.AUDIT_SUBJECTS,
+        pub += [wire.SCHEDULER_CMD, _kv(wire.KV_OPS), _kv(wire.KV_AUTOSCALE), "ferry.rpc.node.*.logs",
+                wire.AUDIT_SUBJECTS,
                 f"$JS.API.CONSUMER.CREATE.{wire.AUDIT_STREAM}.>", f"$JS.API.CONSUMER.MSG.NEXT.{wire.AUDIT_STREAM}.*",
                 f"$JS.API.CONSUMER.DELETE.{wire.AUDIT_STREAM}.*", f"$JS.API.CONSUMER.INFO.{wire.AUDIT_STREAM}.*",
                 f"$JS.API.CONSUMER.CREATE.{wire.EVT_STREAM}", f"$JS.API.CONSUMER.CREATE.{wire.EVT_STREAM}.>",
@@ -122,6 +126,8 @@ def permissions(user: str) -> dict[str, dict[str, list[str]]]:
         pub += [_kv(wire.KV_NODES), "ferry.evt.cluster.>"]
     elif role == "pricing":
         pub += [_kv(wire.KV_PRICES), "ferry.evt.cluster.>"]
+    elif role == "autoscaler":  # drains nodes through the scheduler, forgets the ones it terminated
+        pub += [wire.SCHEDULER_CMD, _kv(wire.KV_OPS), _kv(wire.KV_FLEET), _kv(wire.KV_NODES), "ferry.evt.cluster.>"]
     elif role in ("controller", "podagent"):
         pub += ["ferry.evt.cluster.>"]
     elif role in NODE_ROLES and node:

@@ -37,6 +37,8 @@ KV_OPS = "ferry_ops"
 KV_SERVICES = "ferry_services"
 KV_PRICES = "ferry_prices"
 KV_GANGS = "ferry_gangs"
+KV_AUTOSCALE = "ferry_autoscale"  # the policy `ferry autoscale` sets, key "policy"
+KV_FLEET = "ferry_fleet"  # the nodes the autoscaler launched or retires
 
 SCHEDULER_CMD = "ferry.cmd.scheduler"
 NODE_EVENTS = "ferry.evt.node.>"

@@ -1,0 +1,73 @@
+"""The small interface every provider of nodes implements, and the types it speaks in.
+
+A provider lists the instance types it can launch (with prices, zones and markets), launches a
+node of one under the id the autoscaler chose, terminates a node, and lists the nodes it runs.
+Errors (one tree, ``ferry.common.errors``): ``LaunchRefused`` when the provider says no (no
+capacity, a quota, a bad request: the cluster stays as it was, the autoscaler backs off from that
+offer), ``ProviderError`` when it cannot be reached or answers nonsense.
+"""
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ferry.common.errors import FerryError
+
+
+class ProviderError(FerryError):
+    """The provider could not be asked, or its answer made no sense."""
+
+
+class LaunchRefused(ProviderError):
+    """The provider refused a launch (capacity, quota, request): nothing was started."""
+
+
+class InstanceType(BaseModel):
+    """One instance type in one zone and market, as a provider offers it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    zone: str = "local-a"
+    region: str = "local"
+    cloud: str = "local"
+    spot: bool = False
+    price_per_hour: float = Field(default=0.0, ge=0)
+    cpus: int = Field(default=2, ge=1)
+    memory: int = Field(default=4 * 2**30, ge=1)
+    gpus: int = Field(default=0, ge=0)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
+
+
+NodeState = Literal["launching", "running", "failed", "terminating", "terminated"]
+
+
+class ProvidedNode(BaseModel):
+    """A node a provider runs (or ran)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    instance_type: str
+    zone: str
+    spot: bool
+    state: NodeState
+    reason: str = ""
+
+
+class Provider(Protocol):
+    name: str
+
+    async def instance_types(self) -> list[InstanceType]: ...
+
+    async def launch(self, node_id: str, offer: InstanceType) -> ProvidedNode:
+        """Starts a node of `offer` named `node_id` and returns once the provider has it running
+        (or raises LaunchRefused with the provider's reason)."""
+        ...
+
+    async def terminate(self, node_id: str) -> None: ...
+
+    async def nodes(self) -> list[ProvidedNode]: ...

@@ -1,0 +1,1 @@
+"""The autoscaler service: grows and shrinks the fleet through a provider (``ferry.fleet``)."""

@@ -1,0 +1,3 @@
+from ferry.autoscaler.service import main
+
+main()
