@@ -16,7 +16,7 @@ from ferry.common.natsauth import authorization_block, node_user, permissions, r
 from ferry.common.sealing import SealError, new_key_pair, open_env, seal_env
 from ferry.common.tenancy import OPEN, Principal, Role, Tenants, Usage, token_hash
 from ferry.common.tls import is_loopback
-from ferry.criu.linux import mount_points
+from ferry.criu.linux import mount_points, nsfs_points
 from ferry.node.base import hidden_from_jobs
 from ferry.store.keys import write_private
 from ferry.v1 import ferry_pb2 as pb
@@ -186,6 +186,14 @@ def test_the_mount_points_of_a_mountinfo_text_are_unescaped() -> None:
     text = ("22 1 0:21 / / rw - ext4 /dev/vda1 rw\n"
             "23 22 0:22 / /var/lib/my\\040data rw - tmpfs tmpfs rw\n")
     assert mount_points(text) == ["/", "/var/lib/my data"]
+
+
+def test_the_pinned_namespaces_a_job_leaves_behind_are_the_nsfs_mounts() -> None:
+    text = ("22 1 0:21 / / rw - ext4 /dev/vda1 rw\n"
+            "129 22 0:25 /netns /run/netns rw shared:5 - tmpfs tmpfs rw\n"
+            "130 129 0:4 net:[4026532] /run/netns/ferry-0ce1-n1 rw shared:6 - nsfs nsfs rw\n"
+            "131 129 0:4 net:[4026533] /run/netns/ferry-0ce1-auto\\040x rw - nsfs nsfs rw\n")
+    assert nsfs_points(text) == ["/run/netns/ferry-0ce1-n1", "/run/netns/ferry-0ce1-auto x"]
 
 
 def test_an_operation_that_fails_after_it_streamed_is_audited_as_failed() -> None:

@@ -1350,3 +1350,106 @@ class OpUpdate(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["checkpoint", b"checkpoint", "done", b"done", "done_bytes", b"done_bytes", "error", b"error", "error_code", b"error_code", "error_kind", b"error_kind", "job", b"job", "op", b"op", "phase", b"phase", "restore_ms", b"restore_ms", "result_json", b"result_json", "total_bytes", b"total_bytes", "total_ms", b"total_ms"]) -> None: ...
 
 global___OpUpdate = OpUpdate
+
+@typing.final
+class AutoscalePolicy(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: builtins.int
+    MIN_NODES_FIELD_NUMBER: builtins.int
+    MAX_NODES_FIELD_NUMBER: builtins.int
+    TARGET_UTILIZATION_FIELD_NUMBER: builtins.int
+    SCALE_DOWN_AFTER_S_FIELD_NUMBER: builtins.int
+    SCALE_UP_AFTER_S_FIELD_NUMBER: builtins.int
+    enabled: builtins.bool
+    min_nodes: builtins.int
+    max_nodes: builtins.int
+    target_utilization: builtins.float
+    """0 < u <= 1"""
+    scale_down_after_s: builtins.float
+    """how long a node must stay underused before it retires"""
+    scale_up_after_s: builtins.float
+    """how long a job waits before a node is launched for it"""
+    def __init__(
+        self,
+        *,
+        enabled: builtins.bool = ...,
+        min_nodes: builtins.int = ...,
+        max_nodes: builtins.int = ...,
+        target_utilization: builtins.float = ...,
+        scale_down_after_s: builtins.float = ...,
+        scale_up_after_s: builtins.float = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["enabled", b"enabled", "max_nodes", b"max_nodes", "min_nodes", b"min_nodes", "scale_down_after_s", b"scale_down_after_s", "scale_up_after_s", b"scale_up_after_s", "target_utilization", b"target_utilization"]) -> None: ...
+
+global___AutoscalePolicy = AutoscalePolicy
+
+@typing.final
+class GetAutoscaleRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+
+global___GetAutoscaleRequest = GetAutoscaleRequest
+
+@typing.final
+class FleetNode(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ID_FIELD_NUMBER: builtins.int
+    PROVIDER_FIELD_NUMBER: builtins.int
+    OFFER_FIELD_NUMBER: builtins.int
+    STATE_FIELD_NUMBER: builtins.int
+    PRICE_PER_HOUR_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    SINCE_FIELD_NUMBER: builtins.int
+    id: builtins.str
+    provider: builtins.str
+    offer: builtins.str
+    """instance type / zone / market"""
+    state: builtins.str
+    """launching, running, failed, retiring, terminated"""
+    price_per_hour: builtins.float
+    reason: builtins.str
+    since: builtins.float
+    def __init__(
+        self,
+        *,
+        id: builtins.str = ...,
+        provider: builtins.str = ...,
+        offer: builtins.str = ...,
+        state: builtins.str = ...,
+        price_per_hour: builtins.float = ...,
+        reason: builtins.str = ...,
+        since: builtins.float = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["id", b"id", "offer", b"offer", "price_per_hour", b"price_per_hour", "provider", b"provider", "reason", b"reason", "since", b"since", "state", b"state"]) -> None: ...
+
+global___FleetNode = FleetNode
+
+@typing.final
+class AutoscaleStatus(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SET_FIELD_NUMBER: builtins.int
+    POLICY_FIELD_NUMBER: builtins.int
+    FLEET_FIELD_NUMBER: builtins.int
+    set: builtins.bool
+    """false: no policy yet (the autoscaler only watches)"""
+    @property
+    def policy(self) -> global___AutoscalePolicy: ...
+    @property
+    def fleet(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___FleetNode]: ...
+    def __init__(
+        self,
+        *,
+        set: builtins.bool = ...,
+        policy: global___AutoscalePolicy | None = ...,
+        fleet: collections.abc.Iterable[global___FleetNode] | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["policy", b"policy"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["fleet", b"fleet", "policy", b"policy", "set", b"set"]) -> None: ...
+
+global___AutoscaleStatus = AutoscaleStatus

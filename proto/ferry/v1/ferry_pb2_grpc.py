@@ -104,6 +104,16 @@ class FerryAdminStub:
                 request_serializer=ferry_dot_v1_dot_ferry__pb2.ListPricesRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_ferry__pb2.ListPricesResponse.FromString,
                 _registered_method=True)
+        self.SetAutoscale = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/SetAutoscale',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.AutoscalePolicy.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.AutoscaleStatus.FromString,
+                _registered_method=True)
+        self.GetAutoscale = channel.unary_unary(
+                '/ferry.v1.FerryAdmin/GetAutoscale',
+                request_serializer=ferry_dot_v1_dot_ferry__pb2.GetAutoscaleRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_ferry__pb2.AutoscaleStatus.FromString,
+                _registered_method=True)
         self.Chaos = channel.unary_unary(
                 '/ferry.v1.FerryAdmin/Chaos',
                 request_serializer=ferry_dot_v1_dot_ferry__pb2.ChaosRequest.SerializeToString,
@@ -220,6 +230,19 @@ class FerryAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetAutoscale(self, request, context):
+        """Elastic scale: the autoscaler's bounds (admins), and what it has launched and retired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAutoscale(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Chaos(self, request, context):
         """All-in-one mode only: crash a simulated node, or announce its spot interruption.
         """
@@ -330,6 +353,16 @@ def add_FerryAdminServicer_to_server(servicer, server):
                     servicer.ListPrices,
                     request_deserializer=ferry_dot_v1_dot_ferry__pb2.ListPricesRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_ferry__pb2.ListPricesResponse.SerializeToString,
+            ),
+            'SetAutoscale': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAutoscale,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.AutoscalePolicy.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.AutoscaleStatus.SerializeToString,
+            ),
+            'GetAutoscale': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAutoscale,
+                    request_deserializer=ferry_dot_v1_dot_ferry__pb2.GetAutoscaleRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_ferry__pb2.AutoscaleStatus.SerializeToString,
             ),
             'Chaos': grpc.unary_unary_rpc_method_handler(
                     servicer.Chaos,
@@ -735,6 +768,60 @@ class FerryAdmin:
             '/ferry.v1.FerryAdmin/ListPrices',
             ferry_dot_v1_dot_ferry__pb2.ListPricesRequest.SerializeToString,
             ferry_dot_v1_dot_ferry__pb2.ListPricesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAutoscale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/SetAutoscale',
+            ferry_dot_v1_dot_ferry__pb2.AutoscalePolicy.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.AutoscaleStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAutoscale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.FerryAdmin/GetAutoscale',
+            ferry_dot_v1_dot_ferry__pb2.GetAutoscaleRequest.SerializeToString,
+            ferry_dot_v1_dot_ferry__pb2.AutoscaleStatus.FromString,
             options,
             channel_credentials,
             insecure,

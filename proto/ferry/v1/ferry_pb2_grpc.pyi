@@ -93,6 +93,17 @@ class FerryAdminStub:
         ferry.v1.ferry_pb2.ListPricesResponse,
     ]
 
+    SetAutoscale: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.AutoscalePolicy,
+        ferry.v1.ferry_pb2.AutoscaleStatus,
+    ]
+    """Elastic scale: the autoscaler's bounds (admins), and what it has launched and retired."""
+
+    GetAutoscale: grpc.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.GetAutoscaleRequest,
+        ferry.v1.ferry_pb2.AutoscaleStatus,
+    ]
+
     Chaos: grpc.UnaryUnaryMultiCallable[
         ferry.v1.ferry_pb2.ChaosRequest,
         ferry.v1.ferry_pb2.ChaosResponse,
@@ -199,6 +210,17 @@ class FerryAdminAsyncStub:
     ListPrices: grpc.aio.UnaryUnaryMultiCallable[
         ferry.v1.ferry_pb2.ListPricesRequest,
         ferry.v1.ferry_pb2.ListPricesResponse,
+    ]
+
+    SetAutoscale: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.AutoscalePolicy,
+        ferry.v1.ferry_pb2.AutoscaleStatus,
+    ]
+    """Elastic scale: the autoscaler's bounds (admins), and what it has launched and retired."""
+
+    GetAutoscale: grpc.aio.UnaryUnaryMultiCallable[
+        ferry.v1.ferry_pb2.GetAutoscaleRequest,
+        ferry.v1.ferry_pb2.AutoscaleStatus,
     ]
 
     Chaos: grpc.aio.UnaryUnaryMultiCallable[
@@ -336,6 +358,21 @@ class FerryAdminServicer(metaclass=abc.ABCMeta):
         request: ferry.v1.ferry_pb2.ListPricesRequest,
         context: _ServicerContext,
     ) -> typing.Union[ferry.v1.ferry_pb2.ListPricesResponse, collections.abc.Awaitable[ferry.v1.ferry_pb2.ListPricesResponse]]: ...
+
+    @abc.abstractmethod
+    def SetAutoscale(
+        self,
+        request: ferry.v1.ferry_pb2.AutoscalePolicy,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.ferry_pb2.AutoscaleStatus, collections.abc.Awaitable[ferry.v1.ferry_pb2.AutoscaleStatus]]:
+        """Elastic scale: the autoscaler's bounds (admins), and what it has launched and retired."""
+
+    @abc.abstractmethod
+    def GetAutoscale(
+        self,
+        request: ferry.v1.ferry_pb2.GetAutoscaleRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ferry.v1.ferry_pb2.AutoscaleStatus, collections.abc.Awaitable[ferry.v1.ferry_pb2.AutoscaleStatus]]: ...
 
     @abc.abstractmethod
     def Chaos(

@@ -100,6 +100,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "with a CA made in DATA_DIR/secrets/tls (clients: FERRY_TLS_CA=DATA_DIR/secrets/tls/ca.pem)")
     p.add_argument("--cluster", metavar="FILE", help="YAML of simulated nodes with labels, capacity and price "
                                                      "(instead of --nodes)")
+    p.add_argument("--provider", choices=["local"], help="let the autoscaler (`ferry autoscale`) add and remove "
+                   "nodes: `local` starts and stops node services of the instance types the --cluster file lists")
 
     add("nodes", "list the nodes, their state and whether CRIU works there")
 
@@ -222,6 +224,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--timeout", metavar="DURATION", default="10m", help="how long to wait for the node to empty")
     add_dry_run(p)
 
+    p = add("autoscale", "set the autoscaler's bounds (`ferry up --provider local`, or a cloud provider), or show "
+            "them and the nodes it launched and retired")
+    p.add_argument("--min", type=int, metavar="N", help="never fewer nodes than this")
+    p.add_argument("--max", type=int, metavar="N", help="never more nodes than this")
+    p.add_argument("--target-utilization", type=float, metavar="U", help="retire a node only when its jobs fit on "
+                   "the others with those at or under this share of their cpus, memory and gpus (0 < U <= 1)")
+    p.add_argument("--scale-down-after", metavar="DURATION", help="how long a node must stay underused before "
+                   "it retires (hysteresis; default 10m)")
+    p.add_argument("--scale-up-after", metavar="DURATION", help="how long a job must wait before a node is "
+                   "launched for it (default 5s)")
+    p.add_argument("--off", action="store_true", help="stop autoscaling (the fleet stays as it is)")
+
     p = add("undrain", "let a drained node take work again (parked jobs may come back to it)")
     p.add_argument("node")
     add_dry_run(p)
@@ -283,7 +297,7 @@ HANDLERS = {name: f"ferry.cli.commands:cmd_{name}" for name in (
     "nodes", "run", "adopt", "checkpoint", "restore", "migrate", "ps", "status", "logs", "checkpoints", "wait",
     "kill", "events", "drain", "undrain", "prices", "chaos", "whoami", "audit")}
 HANDLERS |= {"signals": "ferry.cli.insight:cmd_signals", "explain": "ferry.cli.insight:cmd_explain",
-             "ray": "ferry.cli.raygang:cmd_ray_up"}
+             "ray": "ferry.cli.raygang:cmd_ray_up", "autoscale": "ferry.cli.fleet:cmd_autoscale"}
 # ... and without a cluster: they act on this machine
 LOCAL = {"simulate": "ferry.cli.simulate:cmd_simulate", "store": "ferry.cli.store:cmd_store",
          "pod": "ferry.cli.pods:cmd_pod", "keys": "ferry.cli.keys:cmd_keys",

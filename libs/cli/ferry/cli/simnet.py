@@ -32,7 +32,8 @@ class SimNetwork:
         self.tag = hashlib.sha256(str(data_dir).encode()).hexdigest()[:4]
         self.k = int(self.tag, 16) % 200 + 20
         self.bridge = f"fb{self.tag}"
-        self.nodes = nodes
+        self.nodes = list(nodes)
+        self.index = {node: i for i, node in enumerate(self.nodes, start=1)}  # a node keeps its number
         self.made: list[str] = []
         self.error: str | None = None
 
@@ -51,7 +52,7 @@ class SimNetwork:
         if self.error is not None or node not in self.made:
             return {"FERRY_NODE_NETNS": NO_NETNS}
         return {"FERRY_NODE_NETNS": str(_NETNS_DIR / self.netns(node)),
-                "FERRY_NET_IP": self.node_ip(self.nodes.index(node) + 1)}
+                "FERRY_NET_IP": self.node_ip(self.index[node])}
 
     def _ip(self, *args: str) -> None:
         netcmd.run(["ip", *args])
@@ -67,21 +68,55 @@ class SimNetwork:
             self._ip("link", "add", self.bridge, "type", "bridge")
             self._ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
             self._ip("link", "set", self.bridge, "up")
-            for i, node in enumerate(self.nodes, start=1):
-                ns, outer = self.netns(node), self.outer(i)
-                self._ip("netns", "add", ns)
-                self.made.append(node)
-                self._ip("-n", ns, "link", "set", "lo", "up")
-                self._ip("link", "add", outer, "type", "veth", "peer", "name", "up0", "netns", ns)
-                self._ip("link", "set", outer, "master", self.bridge, "up")
-                self._ip("-n", ns, "addr", "add", f"{self.node_ip(i)}/24", "dev", "up0")
-                self._ip("-n", ns, "link", "set", "up0", "up")
-                self._ip("-n", ns, "route", "add", "default", "via", self.host_ip)
+            for node in self.nodes:
+                self._attach(node)
         except OSError as exc:
             self.error = f"the simulated nodes' networks: {exc}"
             self.remove()
             return self.error
         return None
+
+    def _attach(self, node: str) -> None:
+        i = self.index[node]
+        ns, outer = self.netns(node), self.outer(i)
+        self._ip("netns", "add", ns)
+        self.made.append(node)
+        self._ip("-n", ns, "link", "set", "lo", "up")
+        self._ip("link", "add", outer, "type", "veth", "peer", "name", "up0", "netns", ns)
+        self._ip("link", "set", outer, "master", self.bridge, "up")
+        self._ip("-n", ns, "addr", "add", f"{self.node_ip(i)}/24", "dev", "up0")
+        self._ip("-n", ns, "link", "set", "up0", "up")
+        self._ip("-n", ns, "route", "add", "default", "via", self.host_ip)
+
+    def add(self, node: str) -> str | None:
+        """A node that joins later (the local provider launched it): its namespace and link, under
+        a number no other node had; the reason when it cannot have them."""
+        self.nodes.append(node)
+        self.index[node] = max(self.index.values(), default=0) + 1
+        if self.error is not None:
+            return self.error
+        if self.index[node] > 240:
+            return "no address left on the nodes' link"
+        try:
+            self._attach(node)
+        except OSError as exc:
+            self._detach(node)
+            return f"the network of node {node}: {exc}"
+        return None
+
+    def drop(self, node: str) -> None:
+        """A node that leaves: its namespace and link go. Never raises."""
+        self._detach(node)
+        with contextlib.suppress(ValueError):
+            self.nodes.remove(node)
+
+    def _detach(self, node: str) -> None:
+        with contextlib.suppress(OSError):
+            self._ip("netns", "del", self.netns(node))
+        with contextlib.suppress(OSError):  # gone with the namespace, unless something still holds it
+            self._ip("link", "del", self.outer(self.index[node]))
+        with contextlib.suppress(ValueError):
+            self.made.remove(node)
 
     def outer(self, i: int) -> str:
         return f"{self.bridge}n{i}"[:15]
@@ -99,11 +134,8 @@ class SimNetwork:
 
     def remove(self) -> None:
         """Deletes the namespaces (their links and jobs' veths with them) and the bridge. Never raises."""
-        for i, node in enumerate(self.nodes, start=1):
-            with contextlib.suppress(OSError):
-                self._ip("netns", "del", self.netns(node))
-            with contextlib.suppress(OSError):  # gone with the namespace, unless something still holds it
-                self._ip("link", "del", self.outer(i))
+        for node in self.nodes:
+            self._detach(node)
         with contextlib.suppress(OSError):
             self._ip("link", "del", self.bridge)
         self.made.clear()

@@ -1,7 +1,8 @@
 """`ferry up`: the whole system on one machine, in the foreground.
 
 It starts a NATS server with JetStream, the control-plane services (api, scheduler, health,
-pricing) and, for each simulated node, its checkpointer and migrator, each as its own process with
+pricing; the autoscaler too with ``--provider local``, whose nodes come and go: ``ferry.cli.upfleet``)
+and, for each simulated node, its checkpointer and migrator, each as its own process with
 its own log under <data-dir>/logs. A service that dies is started again. SIGINT or SIGTERM stops
 everything, the workloads of the simulated nodes included.
 """
@@ -24,8 +25,9 @@ import grpc
 
 from ferry.cli.client import open_channel
 from ferry.cli.nats_guard import FULL_BYTES, RESERVE_BYTES, DiskReserve, ReserveAction, has_write_error, server_health
-from ferry.cli.secrets import creds_file, ensure_secrets
+from ferry.cli.secrets import creds_file, ensure_nats_users, ensure_secrets
 from ferry.cli.simnet import SimNetwork
+from ferry.cli.upfleet import LocalFleet
 from ferry.common.certs import TlsFiles, make_tls
 from ferry.common.cluster import NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
@@ -149,21 +151,87 @@ class AllInOne:
             api = next(c for c in self.children if c.name == "api")
             api.env.update({"FERRY_TLS_CERT": str(self.tls.cert), "FERRY_TLS_KEY": str(self.tls.key)})
             del api.env["FERRY_TLS_CA"]  # for the API this would mean: clients need certificates
+        self.env, self.logs = env, logs
+        self.fleet = self.local_fleet(args)
+        self.specs = {s.id: s for s in specs}
         self.node_children: dict[str, list[Child]] = {}
         self.simnet = SimNetwork(self.data_dir, self.nodes)
         for spec in specs:
-            node, url = spec.id, self.metadata_url(spec.id)
-            node_env = {**env, "FERRY_NODE_SPEC": spec.model_dump_json(),
-                        "FERRY_INTERRUPTION_SOURCES": f"aws={url},gcp={url},azure={url}"}
-            if self.tls is not None:
-                node_env.update({"FERRY_PAGE_TLS_CERT": str(self.tls.cert), "FERRY_PAGE_TLS_KEY": str(self.tls.key),
-                                 "FERRY_PAGE_TLS_CA": str(self.tls.ca)})
-            meta = Child(f"metadata@{node}", [*py, "ferry.sim.metadata_server", "--port",
-                                              str(self.metadata_ports[node])], logs / f"metadata-{node}.log", env)
-            services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], logs / f"{svc}-{node}.log",
-                              {**node_env, **creds(node_user(svc, node))}) for svc in NODE_SERVICES]
-            self.node_children[node] = [meta, *services]
-            self.children.extend([meta, *services])
+            self.node_children[spec.id] = self.node_services(spec)
+            self.children.extend(self.node_children[spec.id])
+
+    def local_fleet(self, args: argparse.Namespace) -> LocalFleet | None:
+        """With ``--provider local``: the provider's side here, and the autoscaler to drive it."""
+        if not getattr(args, "provider", None):
+            return None
+        types = load_cluster(args.cluster).instance_types if args.cluster else []
+        if not types:
+            raise UsageError("--provider local needs a --cluster file that lists instance_types: the kinds of "
+                             "node the provider may launch (see `ferry up --help`)")
+        folder = self.data_dir / "fleet"
+        self.children.append(Child("autoscaler", [sys.executable, "-m", "ferry.autoscaler"],
+                                   self.logs / "autoscaler.log",
+                                   {**self.env, "FERRY_NATS_CREDS": str(creds_file(self.secrets, "autoscaler")),
+                                    "FERRY_PROVIDER": "local", "FERRY_FLEET_DIR": str(folder)}))
+        return LocalFleet(folder, types)
+
+    def node_services(self, spec: NodeSpec) -> list[Child]:
+        """A node's metadata server (the cloud's, simulated) and its Ferry services."""
+        py = [sys.executable, "-m"]
+        node, url = spec.id, self.metadata_url(spec.id)
+        node_env = {**self.env, "FERRY_NODE_SPEC": spec.model_dump_json(),
+                    "FERRY_INTERRUPTION_SOURCES": f"aws={url},gcp={url},azure={url}"}
+        if self.tls is not None:
+            node_env.update({"FERRY_PAGE_TLS_CERT": str(self.tls.cert), "FERRY_PAGE_TLS_KEY": str(self.tls.key),
+                             "FERRY_PAGE_TLS_CA": str(self.tls.ca)})
+        meta = Child(f"metadata@{node}", [*py, "ferry.sim.metadata_server", "--port", str(self.metadata_ports[node])],
+                     self.logs / f"metadata-{node}.log", self.env)
+        services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], self.logs / f"{svc}-{node}.log",
+                          {**node_env, "FERRY_NATS_CREDS": str(creds_file(self.secrets, node_user(svc, node)))})
+                    for svc in NODE_SERVICES]
+        return [meta, *services]
+
+    def add_node(self, spec: NodeSpec) -> None:
+        """A node the local provider launches: its NATS users, its services, started."""
+        self.nodes.append(spec.id)
+        self.specs[spec.id] = spec
+        self.metadata_ports[spec.id] = free_port()
+        ensure_nats_users(self.secrets, self.nodes)
+        self.load_new_users()
+        problem = self.simnet.add(spec.id)
+        if problem:
+            print(f"ferry: node {spec.id} has no bridge network for jobs: {problem}", flush=True)
+        kids = self.node_services(spec)
+        for kid in kids[1:]:
+            kid.env.update(self.simnet.env(spec.id))
+        self.node_children[spec.id] = kids
+        self.children.extend(kids)
+        for kid in kids:
+            kid.start()
+        self.write_state()
+        print(f"ferry: launched node {spec.id} ({spec.instance_type} in {spec.zone})", flush=True)
+
+    def remove_node(self, node: str) -> None:
+        """A node the local provider terminates: its services stop, its workloads end."""
+        kids = self.node_children.pop(node, [])
+        for kid in kids:
+            kid.stop()
+        deadline = time.monotonic() + 15
+        for kid in kids:
+            if kid.proc is not None:
+                try:
+                    kid.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    kid.stop(signal.SIGKILL)
+                    kid.proc.wait()
+        self.kill_workloads([node])
+        self.simnet.drop(node)
+        self.children = [c for c in self.children if c not in kids]
+        self.nodes.remove(node)
+        self.specs.pop(node, None)
+        self.dead.discard(node)
+        self.write_state()
+        print(f"ferry: terminated node {node}", flush=True)
 
     def nats_names(self) -> list[str]:
         return ["nats"] if len(self.nats_ports) == 1 else [f"nats-{i}" for i in range(1, len(self.nats_ports) + 1)]
@@ -230,6 +298,8 @@ class AllInOne:
 
     def supervise(self) -> None:
         self.run_chaos()
+        if self.fleet is not None and not self.stopping:
+            self.fleet.serve(dict(self.specs), self.add_node, self.remove_node)
         if time.monotonic() - self.disk_checked_at >= DISK_CHECK_S and not self.stopping:
             self.disk_checked_at = time.monotonic()
             self.guard_disk()
@@ -383,6 +453,8 @@ class AllInOne:
             for node, kids in self.node_children.items():
                 for kid in kids[1:]:  # the node's services, not its metadata server
                     kid.env.update(self.simnet.env(node))
+            if self.fleet is not None:
+                self.fleet.start(list(self.specs.values()))
             for child in self.children:
                 child.start()
             self.write_state()

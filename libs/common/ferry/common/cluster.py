@@ -16,6 +16,18 @@
 
 Only `id` is required; the rest defaults to a small on-demand node. Errors name the file and the
 field (`cluster.yaml: nodes[1].memory: bad size 'lots'`).
+
+With `ferry up --provider local`, the file may also list the instance types the local provider can
+launch when the autoscaler asks, with how many of each it has (`available`: launches past that are
+refused, as a cloud with no capacity left refuses them):
+
+    instance_types:
+      - name: m5.xlarge
+        zone: us-east-1a
+        price_per_hour: 0.192
+        cpus: 4
+        memory: 16GiB
+        available: 4
 """
 
 import re
@@ -64,10 +76,60 @@ class NodeSpec(BaseModel):
                 "market": "spot" if self.spot else "on-demand"}
 
 
+class InstanceTypeSpec(BaseModel):
+    """An instance type the local provider offers (see the module's docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    cloud: str = "local"
+    region: str = "local"
+    zone: str = "local-a"
+    spot: bool = False
+    price_per_hour: float = Field(default=0.0, ge=0)
+    cpus: int = Field(default=2, ge=1)
+    memory: int = Field(default=4 * 2**30, ge=1)
+    gpus: int = Field(default=0, ge=0)
+    available: int = Field(default=8, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.-]+$", value):
+            raise ValueError("use letters, digits, '.', '-' and '_'")
+        return value
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
+
+    def node(self, node_id: str) -> NodeSpec:
+        """The spec of a node of this type."""
+        return NodeSpec(id=node_id, cloud=self.cloud, region=self.region, zone=self.zone, instance_type=self.name,
+                        spot=self.spot, price_per_hour=self.price_per_hour, cpus=self.cpus, memory=self.memory,
+                        gpus=self.gpus)
+
+
 class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     nodes: list[NodeSpec] = Field(min_length=1)
+    instance_types: list[InstanceTypeSpec] = Field(default_factory=list)
+
+    @field_validator("instance_types")
+    @classmethod
+    def _distinct(cls, types: list[InstanceTypeSpec]) -> list[InstanceTypeSpec]:
+        seen: set[str] = set()
+        for t in types:
+            if t.key in seen:
+                raise ValueError(f"instance type {t.key} appears twice")
+            seen.add(t.key)
+        return types
 
     @field_validator("nodes")
     @classmethod

@@ -317,6 +317,23 @@ class AutoscalePolicy(Record):
     scale_up_after_s: float = Field(default=5.0, ge=0)
     updated: float = Field(default_factory=now)
 
+    @classmethod
+    def checked(cls, **fields: Any) -> "AutoscalePolicy":
+        """The policy, or a UsageError that says in one line what is wrong (the CLI and the API)."""
+        from pydantic import ValidationError
+
+        from ferry.common.errors import UsageError
+
+        flags = {"min_nodes": "--min", "max_nodes": "--max", "target_utilization": "--target-utilization",
+                 "scale_down_after_s": "--scale-down-after", "scale_up_after_s": "--scale-up-after"}
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = flags.get(str(first["loc"][0]), str(first["loc"][0])) if first["loc"] else ""
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            raise UsageError(f"{where}: {msg}" if where else msg) from None
+
     @model_validator(mode="after")
     def _bounds(self) -> "AutoscalePolicy":
         if self.min_nodes > self.max_nodes:

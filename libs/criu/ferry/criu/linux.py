@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -125,6 +126,17 @@ def mount_points(mountinfo: str) -> list[str]:
     return [_unescape(line.split()[4]) for line in mountinfo.splitlines() if len(line.split()) > 4]
 
 
+def nsfs_points(mountinfo: str) -> list[str]:
+    """The mount points of namespace files (fstype ``nsfs``: ``ip netns add`` pins a namespace so,
+    under /run/netns) in a /proc/PID/mountinfo text."""
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" in fields and fields.index("-") + 1 < len(fields) and fields[fields.index("-") + 1] == "nsfs":
+            points.append(_unescape(fields[4]))
+    return points
+
+
 def _detach_at_and_below(path: str) -> None:
     """Detaches every mount at or below `path` from the caller's mount namespace, deepest first:
     whatever is then mounted over `path` covers no mount, which CRIU could not restore."""
@@ -229,6 +241,14 @@ def mount_own_proc() -> None:
     unshare(CLONE_NEWNS)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # the host's pinned namespaces (its nodes' network namespaces under /run/netns, with `ferry up`)
+    # are none of the job's business, and a copy of each would be an external mount its restore
+    # needs: one that is gone by then (a node the autoscaler retired) fails the restore
+    with open("/proc/self/mountinfo") as f:
+        pinned = nsfs_points(f.read())
+    for point in reversed(pinned):
+        with contextlib.suppress(OSError):
+            _umount_detach(point)
 
 
 def isolate_network() -> None:

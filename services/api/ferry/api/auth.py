@@ -23,7 +23,8 @@ from ferry.common.tenancy import OPEN, Principal, Tenants
 METADATA_KEY = "authorization"
 REASON_KEY = "x-ferry-reason"
 REASON_MAX = 500
-MUTATING = frozenset({"SubmitJob", "KillJob", "Checkpoint", "Restore", "Migrate", "DrainNode", "Chaos"})
+MUTATING = frozenset({"SubmitJob", "KillJob", "Checkpoint", "Restore", "Migrate", "DrainNode", "Chaos",
+                      "SetAutoscale"})
 CALLER: contextvars.ContextVar[Principal] = contextvars.ContextVar("ferry_caller", default=OPEN)
 # what a handler learnt that the audit entry should carry (the cost the call committed)
 NOTES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("ferry_call_notes")

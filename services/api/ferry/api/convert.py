@@ -4,7 +4,17 @@ import json
 import time
 from typing import Any
 
-from ferry.common.models import AuditEntry, CheckpointRecord, Event, Job, Node, Op, PriceRecord
+from ferry.common.models import (
+    AuditEntry,
+    AutoscalePolicy,
+    CheckpointRecord,
+    Event,
+    FleetNode,
+    Job,
+    Node,
+    Op,
+    PriceRecord,
+)
 from ferry.policy import progress
 from ferry.v1 import ferry_pb2 as pb
 
@@ -69,6 +79,24 @@ def price_to_pb(p: PriceRecord) -> pb.Price:
     return pb.Price(zone=p.zone, region=p.region, instance_type=p.instance_type, market=p.market,
                     price_per_hour=p.price_per_hour, timestamp=p.timestamp, source=p.source,
                     previous_price_per_hour=p.previous_price_per_hour or 0.0)
+
+
+def autoscale_from_pb(p: pb.AutoscalePolicy) -> AutoscalePolicy:
+    """The policy a SetAutoscale asks for; a UsageError names what is wrong."""
+    return AutoscalePolicy.checked(enabled=p.enabled, min_nodes=p.min_nodes, max_nodes=p.max_nodes,
+                                   target_utilization=p.target_utilization, scale_down_after_s=p.scale_down_after_s,
+                                   scale_up_after_s=p.scale_up_after_s)
+
+
+def autoscale_to_pb(p: AutoscalePolicy) -> pb.AutoscalePolicy:
+    return pb.AutoscalePolicy(enabled=p.enabled, min_nodes=p.min_nodes, max_nodes=p.max_nodes,
+                              target_utilization=p.target_utilization, scale_down_after_s=p.scale_down_after_s,
+                              scale_up_after_s=p.scale_up_after_s)
+
+
+def fleet_to_pb(r: FleetNode) -> pb.FleetNode:
+    return pb.FleetNode(id=r.id, provider=r.provider, offer=r.offer, state=r.state, price_per_hour=r.price_per_hour,
+                        reason=r.reason, since=r.since)
 
 
 def event_to_pb(e: Event) -> pb.Event:

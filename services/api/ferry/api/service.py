@@ -26,7 +26,17 @@ from ferry.common.config import Settings
 from ferry.common.errors import FerryError, LimitExceeded, NotFoundError, UsageError, from_kind
 from ferry.common.jobspec import check_request
 from ferry.common.mirror import Mirror
-from ferry.common.models import TERMINAL_STATES, AuditEntry, Event, Job, JobState, Op, OpKind, new_id
+from ferry.common.models import (
+    TERMINAL_STATES,
+    AuditEntry,
+    AutoscalePolicy,
+    Event,
+    Job,
+    JobState,
+    Op,
+    OpKind,
+    new_id,
+)
 from ferry.common.sealing import read_key, seal_env
 from ferry.common.service import Service, service_main
 from ferry.common.tenancy import Tenants, Usage
@@ -42,6 +52,7 @@ TENANT_CACHE_MAX = 100_000  # jobs whose tenant the event watch remembers
 _tracer = tracer("api")
 DRAIN_SETTLED = frozenset({JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED})
 AUDIT_LIMIT_MAX = 10_000
+AUTOSCALE_KEY = "policy"  # the one record of ferry_autoscale (the autoscaler reads it)
 OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) is read again after this
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
@@ -574,6 +585,26 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     async def ListPrices(self, request: pb.ListPricesRequest, context: Ctx) -> pb.ListPricesResponse:
         records = sorted(await self.bus.prices.values(), key=lambda p: (p.zone, p.instance_type, p.market))
         return pb.ListPricesResponse(prices=[convert.price_to_pb(p) for p in records])
+
+    async def SetAutoscale(self, request: pb.AutoscalePolicy, context: Ctx) -> pb.AutoscaleStatus:
+        """The autoscaler's bounds, checked as `ferry autoscale` checks them (admins only)."""
+        with self.span("SetAutoscale", context):
+            try:
+                caller().require_admin("setting the autoscaler's bounds")
+                policy = convert.autoscale_from_pb(request)
+                await self.bus.autoscale.put(AUTOSCALE_KEY, policy)
+            except FerryError as exc:
+                await self.fail(context, exc)
+            return await self.autoscale_status()
+
+    async def GetAutoscale(self, request: pb.GetAutoscaleRequest, context: Ctx) -> pb.AutoscaleStatus:
+        return await self.autoscale_status()
+
+    async def autoscale_status(self) -> pb.AutoscaleStatus:
+        policy = await self.bus.autoscale.get(AUTOSCALE_KEY)
+        fleet = sorted(await self.bus.fleet.values(), key=lambda r: (r.since, r.id))
+        return pb.AutoscaleStatus(set=policy is not None, policy=convert.autoscale_to_pb(policy or AutoscalePolicy()),
+                                  fleet=[convert.fleet_to_pb(r) for r in fleet])
 
     async def Chaos(self, request: pb.ChaosRequest, context: Ctx) -> pb.ChaosResponse:
         with self.span("Chaos", context):

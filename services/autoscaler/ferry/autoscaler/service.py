@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from ferry.common import wire
@@ -182,18 +183,23 @@ class Autoscaler(Service):
         await self.bus.ops.put(op, Op(id=op, kind=OpKind.DRAIN))
         await self.bus.publish(wire.SCHEDULER_CMD, cmd, msg_id=op)
 
-    def holding(self, node: str) -> list[Job]:
-        return [j for j in self.jobs.live() if holds_capacity(j) and node in (j.node, j.moving_to)]
+    def holding(self, node: str, moving: Collection[str] = ()) -> list[Job]:
+        """The jobs that keep `node` from being terminated: those that hold capacity there, and of
+        `moving` (its jobs when the drain began) those not yet settled elsewhere (running with no
+        op, parked or ended): a restore that fails on the target falls back to the source."""
+        return [j for j in self.jobs.live() if (holds_capacity(j) and node in (j.node, j.moving_to)) or (
+            j.id in moving and (j.op is not None or j.state not in (JobState.RUNNING, JobState.PREEMPTED)))]
 
     async def retire(self, node: str, saving: float, reason: str, op: str) -> None:
         assert self.provider is not None and self.bus is not None
         try:
             await self.emit("scale_down", node, reason, saving_per_hour=saving)
+            moving = {j.id for j in self.holding(node)}
             await self.drain_node(node, op)
             deadline = asyncio.get_running_loop().time() + self.settings.autoscale_drain_timeout_s
             listener = self.jobs.listen()
             try:
-                while self.holding(node):
+                while self.holding(node, moving):
                     left = deadline - asyncio.get_running_loop().time()
                     if left <= 0:
                         await self.drain_node(node, new_id("op"), undo=True)

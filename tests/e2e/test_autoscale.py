@@ -1,0 +1,99 @@
+"""End to end, elastic scale with the local provider (`ferry up --provider local`): a node is
+launched for a job that fits nowhere, an underused node retires with its job moved away by a
+checkpoint (its output identical to a run without Ferry), a launch the provider refuses leaves
+the cluster as it was, and bad bounds are refused. Real CLI, cluster, CRIU."""
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster, reference_output, start_cluster, stop_cluster, wait_until
+from tests.e2e.test_control import FAST, train
+
+pytestmark = [pytest.mark.e2e, pytest.mark.criu]
+
+FLEET = """
+nodes:
+  - {id: n1, cpus: 4, instance_type: small, zone: local-a, price_per_hour: 0.1}
+instance_types:
+  - {name: small, zone: local-a, cpus: 2, memory: 4GiB, price_per_hour: 0.1, available: 3}
+  - {name: big, zone: local-a, cpus: 8, memory: 16GiB, price_per_hour: 0.5, available: 0}
+"""
+
+
+@pytest.fixture
+def fleet(criu_bin: str) -> Iterator[Cluster]:
+    data_dir = Path(tempfile.mkdtemp(prefix="ferry-fleet-"))
+    spec = data_dir.parent / f"{data_dir.name}.yaml"
+    spec.write_text(FLEET)
+    c = start_cluster(data_dir, extra=["--cluster", str(spec), "--provider", "local"],
+                      env={**FAST, "FERRY_AUTOSCALE_EVERY_S": "1"})
+    yield c
+    stop_cluster(c)
+
+
+def fleet_nodes(c: Cluster) -> dict[str, dict[str, Any]]:
+    return {n["id"]: n for n in c.json("autoscale")["fleet"]}
+
+
+def test_scale_up_then_down_with_the_job_moved_and_its_output_identical(fleet: Cluster) -> None:
+    c = fleet
+    # bad bounds: one line, exit 2, nothing set
+    bad = c.ferry("autoscale", "--min", "5", "--max", "2", check=False)
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "--min 5 is above --max 2" in bad.stderr
+    assert c.json("autoscale")["set"] is False
+    status = c.json("autoscale", "--min", "1", "--max", "3", "--target-utilization", "1.0",
+                    "--scale-down-after", "3s", "--scale-up-after", "1s")
+    assert status["set"] and status["policy"]["max_nodes"] == 3
+
+    long_ = train(1500)
+    want = reference_output(long_)
+    c.json("run", "--name", "a", "--cpus", "2", "--", "sleep", "600")
+    c.json("run", "--name", "b", "--cpus", "2", "--", *long_)
+    c.wait_state("a", "running")
+    c.wait_state("b", "running")
+    # c fits nowhere: a small node is launched for it, and it runs there
+    c.json("run", "--name", "c", "--cpus", "2", "--checkpoint-every", "5s", "--", *long_)
+    launched = wait_until(lambda: [n for n in fleet_nodes(c).values() if n["state"] == "running"], 90,
+                          "a node launched for c")
+    node = launched[0]["id"]
+    assert launched[0]["offer"] == "small/local-a/on-demand"
+    assert "c" in launched[0]["reason"]
+    running = c.wait_state("c", "running", timeout=90)
+    assert running["node"] == node
+    assert node in {n["id"] for n in c.json("nodes")}
+    c.wait_lines("c", 20)
+    # a ends: c fits on n1 now; after 3 s underused the new node retires, c moves to n1 first
+    c.ferry("kill", "a")
+    retired = wait_until(lambda: fleet_nodes(c).get(node, {}).get("state") == "terminated" and fleet_nodes(c)[node],
+                         180, f"{node} to retire")
+    assert "saves 0.100 USD/h" in retired["reason"]
+    moved = c.json("status", "c")
+    assert moved["node"] == "n1"
+    assert node not in {n["id"] for n in c.json("nodes")}
+    done = c.wait_state("c", "succeeded", timeout=240)
+    assert done["exit_code"] == 0
+    assert c.logs("c") == want
+    c.wait_state("b", "succeeded", timeout=240)
+    assert c.logs("b") == want
+    # never below --min: n1 stays
+    time.sleep(5)
+    assert [n["id"] for n in c.json("nodes")] == ["n1"]
+
+
+def test_a_refused_launch_leaves_the_cluster_as_it_was(fleet: Cluster) -> None:
+    c = fleet
+    c.json("autoscale", "--min", "1", "--max", "3", "--scale-up-after", "1s")
+    c.json("run", "--name", "wide", "--cpus", "6", "--", "sleep", "600")
+    failed = wait_until(lambda: [n for n in fleet_nodes(c).values() if n["state"] == "failed"], 60,
+                        "the provider to refuse the launch")
+    assert failed[0]["offer"] == "big/local-a/on-demand"
+    assert "insufficient capacity" in failed[0]["reason"]
+    assert [n["id"] for n in c.json("nodes")] == ["n1"]
+    assert c.json("status", "wide")["state"] == "pending"
+    c.ferry("kill", "wide")
