@@ -125,3 +125,19 @@ def test_a_node_that_is_busy_again_starts_its_count_over_and_unmanaged_nodes_sta
 def test_utilization_is_the_busiest_resource() -> None:
     assert utilization(node("n", cpus=4, used=1)) == 0.25
     assert plan(AutoscalePolicy(enabled=False), Fleet(nodes=[], managed=frozenset()), [SMALL], 0.0, {}).actions == ()
+
+
+def test_bad_bounds_are_one_line_usage_errors_for_the_cli_and_the_api() -> None:
+    from ferry.api.convert import autoscale_from_pb
+    from ferry.common.errors import UsageError
+    from ferry.v1 import ferry_pb2 as pb
+
+    with pytest.raises(UsageError, match=r"^--min 5 is above --max 2$"):
+        AutoscalePolicy.checked(min_nodes=5, max_nodes=2)
+    with pytest.raises(UsageError, match=r"^--target-utilization: Input should be less than or equal to 1$"):
+        AutoscalePolicy.checked(target_utilization=1.5)
+    with pytest.raises(UsageError, match="--max"):
+        autoscale_from_pb(pb.AutoscalePolicy(enabled=True, min_nodes=1, max_nodes=0, target_utilization=0.8))
+    ok = autoscale_from_pb(pb.AutoscalePolicy(enabled=True, min_nodes=1, max_nodes=3, target_utilization=0.5,
+                                              scale_down_after_s=60))
+    assert (ok.min_nodes, ok.max_nodes, ok.target_utilization, ok.scale_down_after_s) == (1, 3, 0.5, 60)
