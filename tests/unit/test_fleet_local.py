@@ -2,6 +2,7 @@
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ def offer(spec: InstanceTypeSpec) -> InstanceType:
                         memory=spec.memory)
 
 
-async def serve_until(fleet: LocalFleet, running: dict[str, NodeSpec], work: "asyncio.Task[object]") -> None:
+async def serve_until(fleet: LocalFleet, running: dict[str, NodeSpec], work: "asyncio.Task[Any]") -> None:
     """`ferry up`'s loop: serves requests until the provider's call ends."""
     def add(spec: NodeSpec) -> None:
         running[spec.id] = spec
@@ -46,9 +47,9 @@ async def test_launch_and_terminate_through_the_folder(tmp_path: Path) -> None:
     with pytest.raises(LaunchRefused, match="insufficient capacity: all 1 small/z-a/on-demand"):
         work.result()
     assert set(running) == {"n1"}
-    work = asyncio.create_task(provider.terminate("n1"))
-    await serve_until(fleet, running, work)
-    work.result()
+    ended = asyncio.create_task(provider.terminate("n1"))
+    await serve_until(fleet, running, ended)
+    ended.result()
     assert running == {}
     work = asyncio.create_task(provider.launch("auto-1", offer(SMALL)))
     await serve_until(fleet, running, work)
