@@ -479,6 +479,7 @@ class SubmitJobRequest(google.protobuf.message.Message):
     LABELS_FIELD_NUMBER: builtins.int
     WORK_S_FIELD_NUMBER: builtins.int
     GANG_FIELD_NUMBER: builtins.int
+    RIGHT_SIZE_FIELD_NUMBER: builtins.int
     name: builtins.str
     cwd: builtins.str
     node: builtins.str
@@ -515,6 +516,10 @@ class SubmitJobRequest(google.protobuf.message.Message):
     """about how long it computes to its end (0: not said); with a deadline, its slack"""
     gang: builtins.str
     """checkpointed, restored and failed over with the other jobs of this gang"""
+    right_size: builtins.bool
+    """(network "bridge" only)
+    its memory request follows its use; it moves when it outgrows its node
+    """
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -554,8 +559,9 @@ class SubmitJobRequest(google.protobuf.message.Message):
         labels: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
         work_s: builtins.float = ...,
         gang: builtins.str = ...,
+        right_size: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gang", b"gang", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "work_s", b"work_s"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["adopt_pid", b"adopt_pid", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "cpus", b"cpus", "cwd", b"cwd", "deadline_s", b"deadline_s", "env", b"env", "gang", b"gang", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_shared", b"gpu_shared", "gpus", b"gpus", "here", b"here", "image", b"image", "labels", b"labels", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "right_size", b"right_size", "work_s", b"work_s"]) -> None: ...
 
 global___SubmitJobRequest = SubmitJobRequest
 
@@ -895,6 +901,9 @@ class Job(google.protobuf.message.Message):
     RAN_S_FIELD_NUMBER: builtins.int
     GANG_FIELD_NUMBER: builtins.int
     GANG_CHECKPOINT_FIELD_NUMBER: builtins.int
+    RIGHT_SIZE_FIELD_NUMBER: builtins.int
+    OUTGROWN_FIELD_NUMBER: builtins.int
+    RSS_BYTES_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -944,6 +953,12 @@ class Job(google.protobuf.message.Message):
     """its gang, if any"""
     gang_checkpoint: builtins.str
     """the newest group checkpoint of its gang that holds it"""
+    right_size: builtins.bool
+    """as submitted"""
+    outgrown: builtins.bool
+    """right-sized past what any node has free (the autoscaler launches one)"""
+    rss_bytes: builtins.int
+    """what it uses now, as its node sampled it (0: not known)"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -1004,8 +1019,11 @@ class Job(google.protobuf.message.Message):
         ran_s: builtins.float = ...,
         gang: builtins.str = ...,
         gang_checkpoint: builtins.str = ...,
+        right_size: builtins.bool = ...,
+        outgrown: builtins.bool = ...,
+        rss_bytes: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gang", b"gang", "gang_checkpoint", b"gang_checkpoint", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gang", b"gang", "gang_checkpoint", b"gang_checkpoint", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "outgrown", b"outgrown", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "right_size", b"right_size", "rss_bytes", b"rss_bytes", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
 
 global___Job = Job
 

@@ -146,6 +146,7 @@ def validate_run(args: argparse.Namespace) -> None:
         "network": args.network, "here": args.here, "publish": getattr(args, "publish", []),
         "labels": parse_labels(getattr(args, "label", [])), "gang": getattr(args, "gang", None) or "",
         "bundle": os.path.abspath(args.bundle) if args.bundle else "", "image": args.image or "",
+        "right_size": bool(getattr(args, "right_size", False)),
     })
     if args.bundle or args.image:  # bad input is refused here, before anything starts
         from ferry.criu.container import check_bundle, check_image

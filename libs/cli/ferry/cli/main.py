@@ -149,6 +149,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "head and its workers, torchrun's ranks) and so are checkpointed together (`ferry checkpoint "
                    "--gang`), restored together (`ferry restore --gang`) and failed over together; needs "
                    "--network bridge")
+    p.add_argument("--right-size", action="store_true", help="let the job's memory request follow what it uses "
+                   "(starting from --memory): when it outgrows its node it moves, with a checkpoint, to one where it "
+                   "fits (the autoscaler launches one if none has room); when it uses far less, the request shrinks "
+                   "so that cheaper nodes can take it")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
 
     p = add("adopt", "take a running process (and its children) into Ferry's care where it runs: watched, "

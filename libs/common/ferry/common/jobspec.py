@@ -44,7 +44,7 @@ FLAGS = {
     "work_s": "--work",
     "gpu_model": "--gpu-model", "gpu_memory_bytes": "--gpu-memory", "gpu_shared": "--gpu-shared",
     "network": "--network", "here": "--here", "adopt_pid": "PID", "bundle": "--bundle",
-    "image": "--image", "publish": "--publish", "labels": "--label", "gang": "--gang",
+    "image": "--image", "publish": "--publish", "labels": "--label", "gang": "--gang", "right_size": "--right-size",
 }
 _SIZES = {"memory_bytes", "gpu_memory_bytes"}
 
@@ -78,6 +78,7 @@ class JobRequest(BaseModel):
     publish: list[str] = Field(default_factory=list, max_length=PUBLISH_MAX)  # HOST:JOB[/tcp|udp], bridge only
     labels: dict[str, str] = Field(default_factory=dict)  # e.g. source=slurm, slurm.job=42
     gang: str = ""  # the gang it is checkpointed and restored with (ferry.policy.gangs)
+    right_size: bool = False  # its memory request follows its use; it moves when it outgrows its node
 
     @field_validator("labels")
     @classmethod
@@ -197,7 +198,8 @@ class JobRequest(BaseModel):
             gpu_memory_bytes=self.gpu_memory_bytes, gpu_shared=self.gpu_shared,
             network=self.resolved_network(), here=self.here, adopt_pid=self.adopt_pid or None,
             bundle=self.bundle or None, image=self.image or None,
-            publish=[parse_publish(p) for p in self.publish], labels=self.labels, gang=self.gang or None)
+            publish=[parse_publish(p) for p in self.publish], labels=self.labels, gang=self.gang or None,
+            right_size=self.right_size)
 
 
 def check_request(fields: dict[str, Any]) -> JobRequest:

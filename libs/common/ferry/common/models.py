@@ -115,6 +115,11 @@ class Job(Record):
     # `ferry run --gang`: the group it is checkpointed, restored and failed over with (ferry.policy.gangs)
     gang: str | None = None
     gang_checkpoint: str | None = None  # the newest committed group checkpoint it belongs to
+    # `ferry run --right-size`: its memory request follows its use (ferry.policy.rightsize), and it
+    # moves to a node that fits when it outgrows its own; `outgrown`: no node fits it now (the
+    # autoscaler launches one)
+    right_size: bool = False
+    outgrown: bool = False
 
     @property
     def container(self) -> bool:
@@ -135,6 +140,15 @@ class NodeState(StrEnum):
     DRAINING = "draining"
     PREEMPTING = "preempting"
     LOST = "lost"
+
+
+class JobUsage(Record):
+    """What a running job uses, as its node sampled it (the whole process tree)."""
+
+    rss_bytes: int = 0
+    peak_rss_bytes: int = 0  # the highest seen on this node since it started or was restored here
+    cpu: float = 0.0  # cores, averaged since the last sample
+    at: float = Field(default_factory=now)
 
 
 class Node(Record):
@@ -163,6 +177,7 @@ class Node(Record):
     gpu_driver: str | None = None
     gpu_error: str | None = None  # the NVIDIA driver is there but broken
     gpu_conditions: list[str] = Field(default_factory=list)  # one line per unhealthy GPU condition
+    usage: dict[str, JobUsage] = Field(default_factory=dict)  # job id -> what it uses (ferry.node.usage)
 
 
 class CheckpointRecord(Record):

@@ -139,6 +139,7 @@ class JobSpec(Record):
     publish: list[PortMap] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     gang: str | None = None
+    right_size: bool = False
 
     def to_job(self, job_id: str, op_id: str) -> Job:
         """The job record of this spec (the one place its fields are copied): `node` is a request."""

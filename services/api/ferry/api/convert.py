@@ -21,7 +21,7 @@ from ferry.v1 import ferry_pb2 as pb
 SEALED = "<sealed>"  # what the API shows of an environment variable's value: the nodes alone open them
 
 
-def job_to_pb(job: Job) -> pb.Job:
+def job_to_pb(job: Job, rss_bytes: int = 0) -> pb.Job:
     return pb.Job(
         id=job.id, name=job.name, argv=job.argv, env=dict.fromkeys(job.env.names, SEALED), cwd=job.cwd,
         state=job.state.value, tenant=job.tenant,
@@ -36,6 +36,7 @@ def job_to_pb(job: Job) -> pb.Job:
         bundle=job.bundle or "", image=job.image or "", address=job.address or "",
         publish=[str(m) for m in job.publish], labels=job.labels, work_s=job.work_s or 0.0,
         ran_s=progress.ran_s(job, time.time()), gang=job.gang or "", gang_checkpoint=job.gang_checkpoint or "",
+        right_size=job.right_size, outgrown=job.outgrown, rss_bytes=rss_bytes,
     )
 
 

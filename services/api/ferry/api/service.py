@@ -264,7 +264,10 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def GetJob(self, request: pb.JobRef, context: Ctx) -> pb.Job:
         try:
-            return convert.job_to_pb(await self.resolve(request.job))
+            job = await self.resolve(request.job)
+            node = await self.bus.nodes.get(job.node) if job.node else None
+            used = node.usage.get(job.id) if node is not None else None
+            return convert.job_to_pb(job, rss_bytes=used.rss_bytes if used is not None else 0)
         except FerryError as exc:
             await self.fail(context, exc)
             raise AssertionError("unreachable") from exc

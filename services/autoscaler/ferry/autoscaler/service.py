@@ -5,14 +5,16 @@ watches, and plans again on every change and every ``autoscale_every_s`` (a node
 runs out without any write). Without a policy, or without a provider (``FERRY_PROVIDER``), it
 only watches.
 
-- Scale up: a fleet record ``launching``, a ``scale_up`` event with the hourly cost and the jobs
-  it is for, the provider's launch; then ``running`` (the node joins by itself: its services beat
-  like any node's) or ``failed`` with the provider's reason (event ``launch_refused``; that offer
-  rests for ``REFUSED_REST_S``). The cluster stays as it was.
+- Scale up (for jobs that wait, and for right-sized jobs that outgrew every node): a fleet record
+  ``launching``, a ``scale_up`` event with the hourly cost and the jobs it is for, the provider's
+  launch; then ``running`` (the node joins by itself: its services beat like any node's) or
+  ``failed`` with the provider's reason (event ``launch_refused``; that offer rests for
+  ``REFUSED_REST_S``). The cluster stays as it was.
 - Scale down: a fleet record ``retiring``, a ``scale_down`` event with the hourly saving, then a
   drain through the scheduler (its jobs move away with checkpoints: never lost, never twice); once
-  no job holds capacity there the provider terminates the node and its record goes. A drain that
-  does not empty the node within ``autoscale_drain_timeout_s`` is undone (event ``scale_down_abandoned``).
+  every job that was there runs elsewhere (or is parked or ended) the provider terminates the node
+  and its record goes. A drain that does not empty the node within ``autoscale_drain_timeout_s``
+  is undone (event ``scale_down_abandoned``).
 
 A restarted autoscaler picks up what its records say: retiring nodes go on retiring; a launch it
 was waiting for is settled from the provider's list of nodes.
@@ -117,6 +119,8 @@ class Autoscaler(Service):
                 jobs_on.setdefault(j.node, []).append(job_view(j, t))
         waiting = [(job_view(j, t), t - j.created) for j in jobs
                    if j.state == JobState.PENDING and j.node is None and not j.requested_node]
+        # right-sized past what any node has free: it waits for a node too (``ferry.policy.rightsize``)
+        waiting += [(job_view(j, t), t - j.updated) for j in jobs if j.outgrown and j.state == JobState.RUNNING]
         retiring = frozenset(r.id for r in records.values() if r.state == "retiring")
         gone = {r.id for r in records.values() if r.state == "terminated"}
         return autoscale.Fleet(nodes=[v for v in views if v.id not in gone], managed=managed, launching=launching,

@@ -51,6 +51,7 @@ from ferry.node.base import (
 from ferry.node.bridge import NodeNetwork, job_link, port_taken
 from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.procs import alive
+from ferry.node.usage import UsageSampler
 from ferry.policy.netplan import node_net_state
 from ferry.store.retention import expiring
 
@@ -82,6 +83,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         self.gpu_monitor = self.make_gpu_monitor()
         await asyncio.to_thread(self.gpu_monitor.start)
         self.gpu_report = GpuReport()
+        self.usage = UsageSampler()
         self.jobnet = NodeNetwork(self.settings.job_network, self.settings.node_netns)
         self.net_error = await asyncio.to_thread(self.jobnet.ensure)
         if self.net_error:
@@ -200,6 +202,11 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         except Exception as exc:  # the monitor reports driver trouble itself; anything else is a bug to log
             log.warning("GPU sample failed: %s", exc)
         st, spec, gpus, inv = self.criu_status, self.spec, self.gpus(), self.gpu_report.inventory
+        try:
+            usage = await asyncio.to_thread(self.usage.sample, local)
+        except Exception as exc:  # /proc read trouble: this beat goes without it
+            log.warning("usage sample failed: %s", exc)
+            usage = {}
         node = Node(id=self.node_id, state=NodeState.READY, criu_ok=st.ok, criu_version=st.version,
                     criu_error=st.error, lazy_pages=st.lazy_pages and not self.lazy_pages_problem,
                     lazy_pages_error=self.lazy_pages_error(), cpus=spec.cpus, memory_bytes=spec.memory,
@@ -209,7 +216,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                     net_error=self.net_error,
                     gpu_list=[g.model_dump() for g in gpus], gpu_driver=inv.driver_version, gpu_error=inv.error,
                     gpu_conditions=[f"{c.kind} on GPU {c.gpu_index if c.gpu_index is not None else '-'}: {c.detail}"
-                                    for c in self.gpu_report.conditions])
+                                    for c in self.gpu_report.conditions],
+                    usage=usage)
         found = await self.bus.nodes.get_rev(self.node_id)
         if found is None:
             with contextlib.suppress(CasConflict):

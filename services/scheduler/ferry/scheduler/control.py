@@ -15,7 +15,7 @@ from ferry.common.errors import ConflictError, NotFoundError, UsageError
 from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Node, NodeState, Op, OpKind, OpState, new_id, now
 from ferry.common.opargs import CheckpointArgs, ColdMove, RestoreArgs
 from ferry.policy import decisions as policy
-from ferry.policy import preemption
+from ferry.policy import preemption, rightsize
 from ferry.policy.views import gpu_trouble, job_view, node_views
 from ferry.scheduler.ops import evacuate, failover
 from ferry.scheduler.ops.step import Placement, Step
@@ -98,7 +98,7 @@ class ControlLoop:
                 await self.periodic_checkpoint(job, t)
             elif t - self.last_review.get(job.id, 0.0) > self.settings.rebalance_every_s:
                 self.last_review[job.id] = t
-                await self.rebalance(job, node)
+                await self.review(job, node)
 
     async def lost(self, job: Job, node: Node) -> None:
         if job.gang:
@@ -205,6 +205,42 @@ class ControlLoop:
         job.incarnation += 1
         await self.state.save_job(job, "resuming", f"capacity is back: restoring {job.last_checkpoint} on {target}")
         await self.actions.send_restore(job, op)
+
+    async def review(self, job: Job, node: Node) -> None:
+        """A running job's periodic look: right-sizing first (when asked for), then rebalancing."""
+        if not (job.right_size and await self.right_size(job, node)):
+            await self.rebalance(job, node)
+
+    async def right_size(self, job: Job, node: Node) -> bool:
+        """``ferry.policy.rightsize`` for a running `job` with what its node sampled: its request
+        follows its use, and it moves when it outgrows its node. True when a move began."""
+        usage = node.usage.get(job.id)
+        if usage is None or job.supervised_elsewhere:
+            return False
+        t = now()
+        views = node_views(await self.state.nodes(), self.state.live_jobs(), t, self.settings.heartbeat_timeout_s,
+                           await self.state.prices())
+        current = next((v for v in views if v.id == node.id), None)
+        if current is None:
+            return False
+        resize = rightsize.decide(job_view(job, t), usage.rss_bytes, usage.peak_rss_bytes, current, views, t,
+                                  outgrown=job.outgrown)
+        if resize is None:
+            return False
+        job.memory_bytes, job.outgrown = resize.memory_bytes, resize.outgrown
+        job.reason = resize.reason if resize.outgrown else None
+        await self.state.save_job(job)
+        await self.state.emit(Event(kind="right_sized", job=job.id, node=node.id, message=resize.reason,
+                                    data={"memory_bytes": resize.memory_bytes, "rss_bytes": usage.rss_bytes}))
+        if resize.move_to is None or job.requested_node:
+            return False
+        op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
+                args=ColdMove(target=resize.move_to, source=node.id, rebalance=resize.reason))
+        await self.state.save_op(op)
+        await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
+                                    message=f"to {resize.move_to}: {resize.reason}"))
+        await self.actions.begin_move(job, op, node, resize.move_to)
+        return True
 
     async def rebalance(self, job: Job, node: Node) -> None:
         """Moves `job` when a better node saves more over its remaining time than a move costs."""
