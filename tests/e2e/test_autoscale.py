@@ -3,6 +3,7 @@ launched for a job that fits nowhere, an underused node retires with its job mov
 checkpoint (its output identical to a run without Ferry), a launch the provider refuses leaves
 the cluster as it was, and bad bounds are refused. Real CLI, cluster, CRIU."""
 
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -97,3 +98,58 @@ def test_a_refused_launch_leaves_the_cluster_as_it_was(fleet: Cluster) -> None:
     assert [n["id"] for n in c.json("nodes")] == ["n1"]
     assert c.json("status", "wide")["state"] == "pending"
     c.ferry("kill", "wide")
+
+
+GROWING = """
+import random, sys, time, zlib
+chunks, crc = [], 0
+for i in range(int(sys.argv[1])):  # grows by 64 MiB a step
+    chunk = bytearray(random.Random(i).randbytes(64 << 20))
+    chunks.append(chunk)
+    crc = zlib.crc32(chunk, crc)
+    print("grow", i, crc, flush=True)
+    time.sleep(0.5)
+for r in range(int(sys.argv[2])):  # then holds it, rewriting a little each round
+    c = chunks[r % len(chunks)]
+    c[:1 << 20] = random.Random(1000 + r).randbytes(1 << 20)
+    print("hold", r, zlib.crc32(c), flush=True)
+    time.sleep(0.5)
+"""
+RIGHT_SIZED = """
+nodes:
+  - {id: n1, cpus: 2, memory: 1GiB, instance_type: small, zone: local-a, price_per_hour: 0.1}
+instance_types:
+  - {name: small, zone: local-a, cpus: 2, memory: 1GiB, price_per_hour: 0.1, available: 1}
+  - {name: highmem, zone: local-a, cpus: 2, memory: 4GiB, price_per_hour: 0.3, available: 1}
+"""
+
+
+@pytest.fixture
+def right_sized(criu_bin: str) -> Iterator[Cluster]:
+    data_dir = Path(tempfile.mkdtemp(prefix="ferry-fleet-"))
+    spec = data_dir.parent / f"{data_dir.name}.yaml"
+    spec.write_text(RIGHT_SIZED)
+    c = start_cluster(data_dir, extra=["--cluster", str(spec), "--provider", "local"],
+                      env={**FAST, "FERRY_AUTOSCALE_EVERY_S": "1"})
+    yield c
+    stop_cluster(c)
+
+
+def test_a_job_that_outgrows_its_node_gets_one_that_fits_and_its_output_is_identical(right_sized: Cluster) -> None:
+    c = right_sized
+    c.json("autoscale", "--min", "1", "--max", "2", "--scale-up-after", "1s", "--scale-down-after", "1h")
+    argv = [sys.executable, "-c", GROWING, "18", "50"]  # 1.1 GiB: more than n1 has
+    want = reference_output(argv)
+    c.json("run", "--name", "grow", "--right-size", "--memory", "128MiB", "--", *argv)
+    c.wait_state("grow", "running")
+    # its request follows its use, then outgrows n1: a highmem node is launched and it moves there
+    launched = wait_until(lambda: [n for n in fleet_nodes(c).values() if n["state"] == "running"], 120,
+                          "a node for the outgrown job")
+    assert launched[0]["offer"] == "highmem/local-a/on-demand"
+    moved = wait_until(lambda: (s := c.json("status", "grow"))["node"] == launched[0]["id"]
+                       and s["state"] == "running" and s, 180, "the job to move to the new node")
+    assert moved["right_size"] is True and moved["memory_bytes"] > 1 << 30
+    assert moved["outgrown"] is False
+    done = c.wait_state("grow", "succeeded", timeout=240)
+    assert done["exit_code"] == 0
+    assert c.logs("grow") == want
