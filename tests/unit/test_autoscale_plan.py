@@ -141,3 +141,15 @@ def test_bad_bounds_are_one_line_usage_errors_for_the_cli_and_the_api() -> None:
     ok = autoscale_from_pb(pb.AutoscalePolicy(enabled=True, min_nodes=1, max_nodes=3, target_utilization=0.5,
                                               scale_down_after_s=60))
     assert (ok.min_nodes, ok.max_nodes, ok.target_utilization, ok.scale_down_after_s) == (1, 3, 0.5, 60)
+
+
+def test_the_zones_interruption_history_and_the_jobs_sla_choose_the_market() -> None:
+    from dataclasses import replace
+
+    stormy = replace(SPOT_LARGE, preemptions=40, uptime_s=10 * 3600)
+    calm = replace(SPOT_LARGE, preemptions=0, uptime_s=100 * 3600)
+    fragile = replace(job("a", cpus=6), max_downtime_s=10.0)  # tolerates 10 s of downtime
+    for offers, want in (([LARGE, stormy], LARGE), ([LARGE, calm], calm)):
+        fleet = Fleet(nodes=[], managed=frozenset(), waiting=[(fragile, 10.0)])
+        up = plan(POLICY, fleet, offers, 0.0, {}).actions[0]
+        assert isinstance(up, ScaleUp) and up.offer == want

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ferry.common import wire
@@ -44,9 +44,14 @@ REFUSED_REST_S = 60.0
 JOIN_GRACE_S = 120.0  # a launched node that has not joined yet still counts as launching
 
 
-def offer_of(t: InstanceType) -> autoscale.Offer:
+def offer_of(t: InstanceType, nodes: Sequence[Node] = (), at: float = 0.0) -> autoscale.Offer:
+    """The planner's view of an instance type: with the interruption history of the nodes of the
+    same zone and market (preemptions seen, time watched), which the scheduler's score weighs."""
+    alike = [n for n in nodes if n.spot == t.spot and n.labels.get("zone") == t.zone]
     return autoscale.Offer(instance_type=t.name, zone=t.zone, spot=t.spot, price_per_hour=t.price_per_hour,
-                           cpus=t.cpus, memory_bytes=t.memory, gpus=t.gpus)
+                           cpus=t.cpus, memory_bytes=t.memory, gpus=t.gpus,
+                           preemptions=sum(n.preemptions for n in alike),
+                           uptime_s=sum(max(0.0, at - n.started) for n in alike))
 
 
 class Autoscaler(Service):
@@ -134,7 +139,9 @@ class Autoscaler(Service):
         self.offers = await self.provider.instance_types()
         self.managed = {n.id for n in await self.provider.nodes() if n.state == "running"}
         t = now()
-        result = autoscale.plan(policy, self.fleet_view(t), [offer_of(o) for o in self.offers], t, self.underused)
+        nodes = self.nodes.view()
+        result = autoscale.plan(policy, self.fleet_view(t), [offer_of(o, nodes, t) for o in self.offers], t,
+                                self.underused)
         self.underused = result.underused_since
         for job, why in result.stuck.items():
             if self.last_stuck.get(job) != why:
