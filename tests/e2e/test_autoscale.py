@@ -70,6 +70,8 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
     assert running["node"] == node
     assert node in {n["id"] for n in c.json("nodes")}
     c.wait_lines("c", 20)
+    c.json("run", "--name", "d", "--node", node, "--", "echo", "kept after its node is gone")
+    c.wait_state("d", "succeeded")
     # a ends: c fits on n1 now; after 3 s underused the new node retires, c moves to n1 first
     c.ferry("kill", "a")
     retired = wait_until(lambda: fleet_nodes(c).get(node, {}).get("state") == "terminated" and fleet_nodes(c)[node],
@@ -78,6 +80,7 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
     moved = c.json("status", "c")
     assert moved["node"] == "n1"
     assert node not in {n["id"] for n in c.json("nodes")}
+    assert c.logs("d") == "kept after its node is gone\n"  # from the store: its node is gone
     done = c.wait_state("c", "succeeded", timeout=240)
     assert done["exit_code"] == 0
     assert c.logs("c") == want

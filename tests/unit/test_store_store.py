@@ -273,3 +273,25 @@ def test_bytes_stored_is_what_the_checkpoint_takes_in_the_store_not_what_it_uplo
     assert first.bytes_stored == first.bytes_uploaded == chunks
     second = store.write_checkpoint(job="j", checkpoint="c2", parent="c1", src_dir=src)
     assert second.bytes_uploaded == 0 and second.bytes_stored == first.bytes_stored
+
+
+def test_an_ended_jobs_output_is_kept_apart_from_its_checkpoints(tmp_path: Path) -> None:
+    store = CheckpointStore(LocalBackend(tmp_path / "store"), workers=1)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "stdout").write_bytes(b"one\ntwo\n")
+    (job_dir / "stderr").write_bytes(b"")
+    (job_dir / "state.json").write_text("{}")  # not output: not kept
+    with pytest.raises(ObjectNotFound):
+        store.read_output("j1", "stdout", 0, 100)
+    store.write_output(job="j1", src_dir=job_dir)
+    assert store.read_output("j1", "stdout", 0, 100) == b"one\ntwo\n"
+    assert store.read_output("j1", "stdout", 4, 100) == b"two\n"
+    assert store.read_output("j1", "stderr", 0, 100) == b""
+    assert store.list_checkpoints("j1") == []  # never taken for a checkpoint
+    (job_dir / "stdout").write_bytes(b"one\ntwo\nthree\n")  # it ran again and ended again: the newer wins
+    store.write_output(job="j1", src_dir=job_dir)
+    assert store.read_output("j1", "stdout", 0, 100) == b"one\ntwo\nthree\n"
+    store.delete_job("j1")  # goes with the job's checkpoints
+    with pytest.raises(ObjectNotFound):
+        store.read_output("j1", "stdout", 0, 100)

@@ -242,6 +242,7 @@ class LogRequest(Record):
     stream: Literal["stdout", "stderr"] = "stdout"
     offset: int = 0
     max_bytes: int = 256 * 1024
+    stored: bool = False  # the output the store kept of an ended job (its own node is gone)
 
 
 class LogReply(Record):

@@ -35,6 +35,8 @@ from ferry.store.verified import VerifiedChunks
 from ferry.store.verify import StoreReport, verify_store
 from ferry.store.writer import WriteResult, write_checkpoint
 
+OUTPUT = "output"  # the reserved checkpoint id under which an ended job's output is kept
+
 log = logging.getLogger(__name__)
 
 
@@ -133,10 +135,35 @@ class CheckpointStore:
         return manifest
 
     def list_checkpoints(self, job: str) -> list[str]:
-        """Ids of the checkpoints of ``job`` whose manifest exists, sorted by id."""
+        """Ids of the checkpoints of ``job`` whose manifest exists, sorted by id (not its output's)."""
         prefix = f"manifests/{check_id(job, 'job id')}/"
         ids = (key[len(prefix) : -len(".json")] for key in self.backend.list(prefix) if key.endswith(".json"))
-        return sorted(i for i in ids if "/" not in i)
+        return sorted(i for i in ids if "/" not in i and i != OUTPUT)
+
+    def write_output(self, *, job: str, tenant: str = DEFAULT_TENANT, src_dir: Path,
+                     files: Sequence[str] = ("stdout", "stderr")) -> None:
+        """Keeps an ended job's output (its stdout and stderr files in ``src_dir``) in the store,
+        sealed like its checkpoints, under the reserved id ``OUTPUT``: readable after its node is
+        gone (``read_output``). A newer one replaces it (a job restored after it ended)."""
+        present = [f for f in files if (src_dir / f).is_file()]
+        self.backend.delete(manifest_key(job, OUTPUT))
+        self.write_checkpoint(job=job, tenant=tenant, checkpoint=OUTPUT, parent=None, src_dir=src_dir,
+                              files=present, meta={"kind": "output"})
+
+    def read_output(self, job: str, stream: str, offset: int, size: int, tenant: str | None = None) -> bytes:
+        """Up to ``size`` bytes of an ended job's kept output from ``offset``; ObjectNotFound if none
+        was kept."""
+        import tempfile
+
+        manifest = self.read_manifest(job, OUTPUT, tenant)
+        with tempfile.TemporaryDirectory(prefix="ferry-output-") as tmp:
+            self.restore_files(manifest, Path(tmp))
+            path = Path(tmp) / stream
+            if not path.is_file():
+                return b""
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(size)
 
     def restore_files(
         self, manifest: Manifest, dest_dir: Path, progress: Callable[[int, int], None] | None = None, *,
@@ -161,6 +188,7 @@ class CheckpointStore:
         doomed = self.list_checkpoints(job)
         for checkpoint in doomed:
             self.delete_checkpoint(job, checkpoint)
+        self.backend.delete(manifest_key(job, OUTPUT))  # its kept output goes with them
         return doomed
 
     def verify(self, *, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> StoreReport:

@@ -33,6 +33,7 @@ from ferry.common.models import (
     Event,
     Job,
     JobState,
+    NodeState,
     Op,
     OpKind,
     new_id,
@@ -533,10 +534,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         while True:
             job = await self.bus.jobs.get(job.id) or job
             data = b""
-            if job.node:
+            reader, stored = await self.log_reader(job)
+            if reader:
                 try:
-                    data = await self.read_log_chunk(job.node, wire.LogRequest(job=job.id, stream=stream,
-                                                                               offset=offset))
+                    data = await self.read_log_chunk(reader, wire.LogRequest(job=job.id, stream=stream,
+                                                                             offset=offset, stored=stored))
                 except (BusError, wire.WireError) as exc:
                     if not request.follow:
                         await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot read logs of {job.name}: {exc}")
@@ -707,6 +709,16 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             await self.guard("DrainNode", undo=request.drain.undo, dry_run=True)
             return plans.drain(await self.snapshot(), request.drain.node, request.drain.undo)
         raise UsageError("say which call to plan: checkpoint, restore, migrate, drain or kill")
+
+    async def log_reader(self, job: Job) -> tuple[str | None, bool]:
+        """Which node serves `job`'s output: its own; for a job that ended on a node that is gone
+        (retired by the autoscaler), any ready node, from what the store kept (``stored``)."""
+        if not job.node:
+            return None, False
+        if await self.bus.nodes.get(job.node) is not None or job.state not in TERMINAL_STATES:
+            return job.node, False
+        ready = [n for n in await self.bus.nodes.values() if n.state == NodeState.READY]
+        return (max(ready, key=lambda n: n.heartbeat).id, True) if ready else (None, False)
 
     async def read_log_chunk(self, node: str, req: wire.LogRequest, patience_s: float = 10.0) -> bytes:
         """One chunk of a job's log from its node; waits out a node service that is restarting."""

@@ -53,7 +53,10 @@ from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata,
 from ferry.node.procs import alive
 from ferry.node.usage import UsageSampler
 from ferry.policy.netplan import node_net_state
+from ferry.store.errors import ObjectNotFound
+from ferry.store.manifest import DEFAULT_TENANT
 from ferry.store.retention import expiring
+from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkpoints
@@ -95,6 +98,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
         jobs = Mirror(self.bus.jobs)  # what the job network and the expiry of ended jobs follow
         await jobs.start()
+        self.jobs_seen = jobs
         await self.recover_gang_locks([JobDir(d) for d in sorted(self.jobs_dir.iterdir())],
                                       {j.id: j for j in jobs.values()})
         try:
@@ -323,10 +327,26 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                     self.settled.settle(d)  # ended and reported: nothing to look at until it changes
                 continue
             by_ckpt = (d / f"stop-{ex.incarnation}").exists()
+            if not by_ckpt:
+                await self.keep_output(jd)
             await self.report(wire.NodeEvent(kind="exited", node=self.node_id, job=d.name,
                                              incarnation=ex.incarnation, exit_code=ex.code, signal=ex.signal,
                                              by_checkpoint=by_ckpt, id=f"exit-{d.name}-{ex.incarnation}"))
             marker.touch()
+
+    def stored_output(self, req: wire.LogRequest) -> bytes:
+        return _stored_output(self.store, req)
+
+    async def keep_output(self, jd: JobDir) -> None:
+        """An ended job's output goes to the store (``CheckpointStore.write_output``), so that it can
+        be read when this node is gone (an autoscaler retired it). Best effort: the node keeps its copy."""
+        seen = getattr(self, "jobs_seen", None)
+        job = seen.peek(jd.path.name) if seen is not None else None
+        try:
+            await asyncio.to_thread(self.store.write_output, job=jd.path.name,
+                                    tenant=job.tenant if job is not None else DEFAULT_TENANT, src_dir=jd.path)
+        except (FerryError, OSError) as exc:
+            log.warning("the output of %s stays on this node only: %s", jd.path.name, exc)
 
     # ---- logs ------------------------------------------------------------------------------
 
@@ -335,7 +355,10 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             req = wire.decode(wire.LogRequest, msg.data)
             jd = self.job_dir(req.job)
             path = jd.stdout if req.stream == "stdout" else jd.stderr
-            data = await asyncio.to_thread(_read_at, path, req.offset, req.max_bytes)
+            if req.stored or not path.exists():  # its node is gone, or it never ran here: what the store kept
+                data = await asyncio.to_thread(self.stored_output, req)
+            else:
+                data = await asyncio.to_thread(_read_at, path, req.offset, req.max_bytes)
             reply = wire.LogReply(data_hex=data.hex(), offset=req.offset + len(data))
         except (FerryError, OSError) as exc:
             reply = wire.LogReply(error=str(exc))
@@ -413,6 +436,13 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             return  # not running here: the exit watcher reports (or has reported) how it ended
         if alive(shim.pid):
             await kill_tree(shim.pid, cmd.grace_s)
+
+
+def _stored_output(store: CheckpointStore, req: wire.LogRequest) -> bytes:
+    try:
+        return store.read_output(req.job, req.stream, req.offset, req.max_bytes)
+    except ObjectNotFound:
+        return b""
 
 
 def _read_at(path: Path, offset: int, size: int) -> bytes:
