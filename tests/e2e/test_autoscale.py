@@ -5,16 +5,14 @@ the cluster as it was, bad bounds are refused, and a right-sized job that outgro
 a bigger one. Real CLI, cluster, CRIU."""
 
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster, reference_output, start_cluster, stop_cluster, wait_until
-from tests.e2e.test_control import FAST, train
+from tests.conftest import Cluster, reference_output, wait_until
+from tests.e2e.test_control import FAST, make_cluster, train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -27,15 +25,15 @@ instance_types:
 """
 
 
+def provided(text: str) -> Iterator[Cluster]:
+    """A cluster of `text`'s nodes whose local provider the autoscaler drives (planning every second)."""
+    return make_cluster(text, extra=["--provider", "local"], env={**FAST, "FERRY_AUTOSCALE_EVERY_S": "1"},
+                        prefix="ferry-fleet-")
+
+
 @pytest.fixture
 def fleet(criu_bin: str) -> Iterator[Cluster]:
-    data_dir = Path(tempfile.mkdtemp(prefix="ferry-fleet-"))
-    spec = data_dir.parent / f"{data_dir.name}.yaml"
-    spec.write_text(FLEET)
-    c = start_cluster(data_dir, extra=["--cluster", str(spec), "--provider", "local"],
-                      env={**FAST, "FERRY_AUTOSCALE_EVERY_S": "1"})
-    yield c
-    stop_cluster(c)
+    yield from provided(FLEET)
 
 
 def fleet_nodes(c: Cluster) -> dict[str, dict[str, Any]]:
@@ -127,13 +125,7 @@ instance_types:
 
 @pytest.fixture
 def right_sized(criu_bin: str) -> Iterator[Cluster]:
-    data_dir = Path(tempfile.mkdtemp(prefix="ferry-fleet-"))
-    spec = data_dir.parent / f"{data_dir.name}.yaml"
-    spec.write_text(RIGHT_SIZED)
-    c = start_cluster(data_dir, extra=["--cluster", str(spec), "--provider", "local"],
-                      env={**FAST, "FERRY_AUTOSCALE_EVERY_S": "1"})
-    yield c
-    stop_cluster(c)
+    yield from provided(RIGHT_SIZED)
 
 
 def test_a_job_that_outgrows_its_node_gets_one_that_fits_and_its_output_is_identical(right_sized: Cluster) -> None:

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,13 @@ def train(steps: int) -> list[str]:
     return [PY, str(WORKLOADS / "train.py"), "--steps", str(steps), "--sleep", "0.02", "--width", "1024"]
 
 
-def make_cluster(text: str) -> Iterator[Cluster]:
-    data_dir = Path(tempfile.mkdtemp(prefix="ferry-ctl-"))
+def make_cluster(text: str, extra: Sequence[str] = (), env: dict[str, str] | None = None,
+                 prefix: str = "ferry-ctl-") -> Iterator[Cluster]:
+    """A cluster of the nodes `text` (a cluster file) lists, with `extra` arguments to `ferry up`."""
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
     spec = data_dir.parent / f"{data_dir.name}.yaml"
     spec.write_text(text)
-    c = start_cluster(data_dir, extra=["--cluster", str(spec)], env=FAST)
+    c = start_cluster(data_dir, extra=["--cluster", str(spec), *extra], env=env or FAST)
     yield c
     stop_cluster(c)
 

@@ -26,7 +26,7 @@ from tests.cri import Containerd, pod, python_container, two_nodes
 
 pytestmark = [pytest.mark.criu]
 
-TRAIN = [str(WORKLOADS / "train.py"), "--steps", "150", "--sleep", "0.03", "--width", "512"]
+TRAIN = [str(WORKLOADS / "train.py"), "--steps", "300", "--sleep", "0.03", "--width", "512"]
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,20 @@ class Child:
                 self.proc.send_signal(sig)
 
 
+def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
+    """SIGTERM to each, in order; SIGKILL to those still there after `grace_s` in all."""
+    for child in children:
+        child.stop()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        if child.proc is not None:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.stop(signal.SIGKILL)
+                child.proc.wait()
+
+
 class AllInOne:
     def __init__(self, args: argparse.Namespace) -> None:
         if args.nodes < 1:
@@ -214,16 +228,7 @@ class AllInOne:
     def remove_node(self, node: str) -> None:
         """A node the local provider terminates: its services stop, its workloads end."""
         kids = self.node_children.pop(node, [])
-        for kid in kids:
-            kid.stop()
-        deadline = time.monotonic() + 15
-        for kid in kids:
-            if kid.proc is not None:
-                try:
-                    kid.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    kid.stop(signal.SIGKILL)
-                    kid.proc.wait()
+        stop_all(kids)
         self.kill_workloads([node])
         self.simnet.drop(node)
         self.children = [c for c in self.children if c not in kids]
@@ -472,16 +477,7 @@ class AllInOne:
 
     def shutdown(self) -> None:
         print("ferry: stopping", flush=True)
-        for child in reversed(self.children):
-            child.stop()
-        deadline = time.monotonic() + 15
-        for child in self.children:
-            if child.proc is not None:
-                try:
-                    child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    child.stop(signal.SIGKILL)
-                    child.proc.wait()
+        stop_all(list(reversed(self.children)))
         killed = self.kill_workloads()
         for server in self.nats_children:
             server.stop()

@@ -28,9 +28,7 @@ class LocalFleet:
     def start(self, nodes: list[NodeSpec]) -> None:
         """A fresh folder: the types on offer, and the cluster file's nodes as running."""
         shutil.rmtree(self.dir.root, ignore_errors=True)
-        offers = [InstanceType(name=t.name, zone=t.zone, region=t.region, cloud=t.cloud, spot=t.spot,
-                               price_per_hour=t.price_per_hour, cpus=t.cpus, memory=t.memory, gpus=t.gpus)
-                  for t in self.types.values()]
+        offers = [InstanceType.model_validate(t.model_dump(exclude={"available"})) for t in self.types.values()]
         self.dir.write_types(offers, {k: t.available for k, t in self.types.items()})
         for spec in nodes:
             self.answer(spec, "running")

@@ -43,19 +43,40 @@ from ferry.common.units import parse_size
 _ID = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class NodeSpec(BaseModel):
+class Machine(BaseModel):
+    """What a node is: where (cloud, region, zone), on which market, at what price, with what
+    capacity; a node of the cluster file and an instance type a provider offers both are one."""
+
     model_config = ConfigDict(extra="forbid")
 
-    id: str
     cloud: str = "local"
     region: str = "local"
     zone: str = "local-a"
-    instance_type: str = "local"
     spot: bool = False
     price_per_hour: float = Field(default=0.0, ge=0)
     cpus: int = Field(default=2, ge=1)
     memory: int = Field(default=4 * 2**30, ge=1)
     gpus: int = Field(default=0, ge=0)  # simulated GPUs, for placement (real ones come from NVML)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+
+class InstanceKind(Machine):
+    """An instance type in one zone and market."""
+
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
+
+
+class NodeSpec(Machine):
+    id: str
+    instance_type: str = "local"
     gpu_model: str = "Simulated GPU"
     gpu_memory: int = Field(default=80 * 2**30, ge=1)
 
@@ -66,9 +87,9 @@ class NodeSpec(BaseModel):
             raise ValueError("use letters, digits, '-' and '_'")
         return value
 
-    @field_validator("memory", "gpu_memory", mode="before")
+    @field_validator("gpu_memory", mode="before")
     @classmethod
-    def _memory(cls, value: Any) -> Any:
+    def _gpu_memory(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
 
     def labels(self) -> dict[str, str]:
@@ -76,20 +97,9 @@ class NodeSpec(BaseModel):
                 "market": "spot" if self.spot else "on-demand"}
 
 
-class InstanceTypeSpec(BaseModel):
+class InstanceTypeSpec(InstanceKind):
     """An instance type the local provider offers (see the module's docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    cloud: str = "local"
-    region: str = "local"
-    zone: str = "local-a"
-    spot: bool = False
-    price_per_hour: float = Field(default=0.0, ge=0)
-    cpus: int = Field(default=2, ge=1)
-    memory: int = Field(default=4 * 2**30, ge=1)
-    gpus: int = Field(default=0, ge=0)
     available: int = Field(default=8, ge=0)
 
     @field_validator("name")
@@ -98,15 +108,6 @@ class InstanceTypeSpec(BaseModel):
         if not re.match(r"^[A-Za-z0-9_.-]+$", value):
             raise ValueError("use letters, digits, '.', '-' and '_'")
         return value
-
-    @field_validator("memory", mode="before")
-    @classmethod
-    def _memory(cls, value: Any) -> Any:
-        return parse_size(value) if isinstance(value, str) else value
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
 
     def node(self, node_id: str) -> NodeSpec:
         """The spec of a node of this type."""

@@ -9,8 +9,9 @@ offer), ``ProviderError`` when it cannot be reached or answers nonsense.
 
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
+from ferry.common.cluster import InstanceKind
 from ferry.common.errors import FerryError
 
 
@@ -22,24 +23,10 @@ class LaunchRefused(ProviderError):
     """The provider refused a launch (capacity, quota, request): nothing was started."""
 
 
-class InstanceType(BaseModel):
+class InstanceType(InstanceKind):
     """One instance type in one zone and market, as a provider offers it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    zone: str = "local-a"
-    region: str = "local"
-    cloud: str = "local"
-    spot: bool = False
-    price_per_hour: float = Field(default=0.0, ge=0)
-    cpus: int = Field(default=2, ge=1)
-    memory: int = Field(default=4 * 2**30, ge=1)
-    gpus: int = Field(default=0, ge=0)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
 
 
 NodeState = Literal["launching", "running", "failed", "terminating", "terminated"]
