@@ -125,22 +125,23 @@ class ClusterSpec(BaseModel):
     @field_validator("instance_types")
     @classmethod
     def _distinct(cls, types: list[InstanceTypeSpec]) -> list[InstanceTypeSpec]:
-        seen: set[str] = set()
-        for t in types:
-            if t.key in seen:
-                raise ValueError(f"instance type {t.key} appears twice")
-            seen.add(t.key)
+        _once([t.key for t in types], "instance type {}")
         return types
 
     @field_validator("nodes")
     @classmethod
     def _unique(cls, nodes: list[NodeSpec]) -> list[NodeSpec]:
-        seen: set[str] = set()
-        for n in nodes:
-            if n.id in seen:
-                raise ValueError(f"node id {n.id!r} appears twice")
-            seen.add(n.id)
+        _once([repr(n.id) for n in nodes], "node id {}")
         return nodes
+
+
+def _once(names: list[str], what: str) -> None:
+    """ValueError naming the first of `names` that appears twice."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{what.format(name)} appears twice")
+        seen.add(name)
 
 
 def parse_cluster(text: str, source: str) -> ClusterSpec:

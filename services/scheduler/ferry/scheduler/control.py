@@ -234,13 +234,16 @@ class ControlLoop:
                                     data={"memory_bytes": resize.memory_bytes, "rss_bytes": usage.rss_bytes}))
         if resize.move_to is None or job.requested_node:
             return False
-        op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
-                args=ColdMove(target=resize.move_to, source=node.id, rebalance=resize.reason))
-        await self.state.save_op(op)
-        await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
-                                    message=f"to {resize.move_to}: {resize.reason}"))
-        await self.actions.begin_move(job, op, node, resize.move_to)
+        await self.move_for(job, node, resize.move_to, resize.reason)
         return True
+
+    async def move_for(self, job: Job, node: Node, target: str, reason: str) -> None:
+        """A move the scheduler decided itself (rebalancing, right-sizing), said as an event."""
+        op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
+                args=ColdMove(target=target, source=node.id, rebalance=reason))
+        await self.state.save_op(op)
+        await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id, message=f"to {target}: {reason}"))
+        await self.actions.begin_move(job, op, node, target)
 
     async def rebalance(self, job: Job, node: Node) -> None:
         """Moves `job` when a better node saves more over its remaining time than a move costs."""
@@ -257,14 +260,8 @@ class ControlLoop:
         remaining = jv.remaining_s if jv.remaining_s is not None else (
             (job.deadline - t) if job.deadline else self.settings.rebalance_horizon_s)
         decision = policy.should_move(jv, current, best, t, max(remaining, 0.0), job.last_move_at)
-        if not decision.move:
-            return
-        op = Op(id=new_id("op"), kind=OpKind.MIGRATE, job=job.id,
-                args=ColdMove(target=best.id, source=node.id, rebalance=decision.reason))
-        await self.state.save_op(op)
-        await self.state.emit(Event(kind="rebalancing", job=job.id, node=node.id,
-                                    message=f"to {best.id}: {decision.reason}"))
-        await self.actions.begin_move(job, op, node, best.id)
+        if decision.move:
+            await self.move_for(job, node, best.id, decision.reason)
 
     async def set_node_state(self, node_id: str, state: NodeState, **fields: object) -> Node:
         """Compare-and-set of a node's state (its own heartbeat writes the record too)."""
