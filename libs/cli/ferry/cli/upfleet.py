@@ -11,13 +11,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ferry.common.cluster import InstanceTypeSpec, NodeSpec
+from ferry.common.cluster import InstanceTypeSpec, NodeSpec, offer_key
 from ferry.fleet.local import LocalFleetDir
 from ferry.fleet.provider import InstanceType, NodeState, ProvidedNode
 
 
 def type_key(spec: NodeSpec) -> str:
-    return f"{spec.instance_type}/{spec.zone}/{'spot' if spec.spot else 'on-demand'}"
+    return offer_key(spec.instance_type, spec.zone, spec.spot)
 
 
 class LocalFleet:

@@ -43,6 +43,11 @@ from ferry.common.units import parse_size
 _ID = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+def offer_key(instance_type: str, zone: str, spot: bool) -> str:
+    """How an offer (an instance type in one zone and market) is named: ``m5.large/us-east-1a/spot``."""
+    return f"{instance_type}/{zone}/{'spot' if spot else 'on-demand'}"
+
+
 class Machine(BaseModel):
     """What a node is: where (cloud, region, zone), on which market, at what price, with what
     capacity; a node of the cluster file and an instance type a provider offers both are one."""
@@ -71,7 +76,7 @@ class InstanceKind(Machine):
 
     @property
     def key(self) -> str:
-        return f"{self.name}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
+        return offer_key(self.name, self.zone, self.spot)
 
 
 class NodeSpec(Machine):

@@ -22,6 +22,7 @@ Every action carries its reason and what it is expected to cost or save per hour
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ferry.common.cluster import offer_key
 from ferry.common.models import AutoscalePolicy
 from ferry.policy.decisions import JobView, NodeView, fit_problem, place, score_node
 
@@ -42,7 +43,7 @@ class Offer:
 
     @property
     def key(self) -> str:
-        return f"{self.instance_type}/{self.zone}/{'spot' if self.spot else 'on-demand'}"
+        return offer_key(self.instance_type, self.zone, self.spot)
 
     def as_node(self, node_id: str) -> NodeView:
         """The empty node a launch of this offer would add."""

@@ -156,12 +156,12 @@ class CheckpointStore:
         import tempfile
 
         manifest = self.read_manifest(job, OUTPUT, tenant)
-        with tempfile.TemporaryDirectory(prefix="ferry-output-") as tmp:
-            self.restore_files(manifest, Path(tmp))
-            path = Path(tmp) / stream
-            if not path.is_file():
-                return b""
-            with open(path, "rb") as f:
+        wanted = [f for f in manifest.files if f.path == stream]
+        if not wanted:
+            return b""
+        with tempfile.TemporaryDirectory(prefix="ferry-output-") as tmp:  # that stream only
+            self.restore_files(manifest.model_copy(update={"files": wanted}), Path(tmp))
+            with open(Path(tmp) / stream, "rb") as f:
                 f.seek(offset)
                 return f.read(size)
 

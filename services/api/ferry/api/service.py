@@ -715,7 +715,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         (retired by the autoscaler), any ready node, from what the store kept (``stored``)."""
         if not job.node:
             return None, False
-        if await self.bus.nodes.get(job.node) is not None or job.state not in TERMINAL_STATES:
+        if job.state not in TERMINAL_STATES or await self.bus.nodes.get(job.node) is not None:
             return job.node, False
         ready = [n for n in await self.bus.nodes.values() if n.state == NodeState.READY]
         return (max(ready, key=lambda n: n.heartbeat).id, True) if ready else (None, False)

@@ -108,13 +108,12 @@ class Autoscaler(Service):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), self.settings.autoscale_every_s)
 
-    def fleet_view(self, t: float) -> autoscale.Fleet:
-        nodes = self.nodes.view()
-        jobs = list(self.jobs.live())
+    def fleet_view(self, t: float, nodes: list[Node], offers: list[autoscale.Offer]) -> autoscale.Fleet:
+        jobs = self.jobs.live()
         views = node_views(nodes, jobs, t, self.settings.heartbeat_timeout_s)
         joined = {v.id for v in views if v.usable}
         records = {r.id: r for r in self.fleet.view()}
-        by_key = {f"{o.name}/{o.zone}/{'spot' if o.spot else 'on-demand'}": offer_of(o) for o in self.offers}
+        by_key = {o.key: o for o in offers}
         launching = [by_key[r.offer] for r in records.values() if r.offer in by_key and (
             r.state == "launching" or (r.state == "running" and r.id not in joined and t - r.since < JOIN_GRACE_S))]
         managed = frozenset(self.managed)
@@ -140,8 +139,8 @@ class Autoscaler(Service):
         self.managed = {n.id for n in await self.provider.nodes() if n.state == "running"}
         t = now()
         nodes = self.nodes.view()
-        result = autoscale.plan(policy, self.fleet_view(t), [offer_of(o, nodes, t) for o in self.offers], t,
-                                self.underused)
+        offers = [offer_of(o, nodes, t) for o in self.offers]
+        result = autoscale.plan(policy, self.fleet_view(t, nodes, offers), offers, t, self.underused)
         self.underused = result.underused_since
         for job, why in result.stuck.items():
             if self.last_stuck.get(job) != why:
@@ -160,8 +159,7 @@ class Autoscaler(Service):
 
     async def launch(self, action: autoscale.ScaleUp) -> None:
         assert self.provider is not None
-        offer = next(o for o in self.offers if f"{o.name}/{o.zone}/{'spot' if o.spot else 'on-demand'}"
-                     == action.offer.key)
+        offer = next(o for o in self.offers if o.key == action.offer.key)
         node_id = f"auto-{uuid.uuid4().hex[:6]}"
         rec = FleetNode(id=node_id, provider=self.provider.name, offer=action.offer.key, state="launching",
                         price_per_hour=offer.price_per_hour, reason=action.reason)

@@ -87,6 +87,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         await asyncio.to_thread(self.gpu_monitor.start)
         self.gpu_report = GpuReport()
         self.usage = UsageSampler()
+        self.jobs_seen: Mirror[Job] | None = None  # the jobs as run() follows them (their tenants)
         self.jobnet = NodeNetwork(self.settings.job_network, self.settings.node_netns)
         self.net_error = await asyncio.to_thread(self.jobnet.ensure)
         if self.net_error:
@@ -340,8 +341,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     async def keep_output(self, jd: JobDir) -> None:
         """An ended job's output goes to the store (``CheckpointStore.write_output``), so that it can
         be read when this node is gone (an autoscaler retired it). Best effort: the node keeps its copy."""
-        seen = getattr(self, "jobs_seen", None)
-        job = seen.peek(jd.path.name) if seen is not None else None
+        job = self.jobs_seen.peek(jd.path.name) if self.jobs_seen is not None else None
         try:
             await asyncio.to_thread(self.store.write_output, job=jd.path.name,
                                     tenant=job.tenant if job is not None else DEFAULT_TENANT, src_dir=jd.path)
