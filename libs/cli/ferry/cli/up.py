@@ -29,7 +29,7 @@ from ferry.cli.secrets import creds_file, ensure_nats_users, ensure_secrets
 from ferry.cli.simnet import SimNetwork
 from ferry.cli.upfleet import LocalFleet
 from ferry.common.certs import TlsFiles, make_tls
-from ferry.common.cluster import NodeSpec, load_cluster
+from ferry.common.cluster import InstanceTypeSpec, NodeSpec, load_cluster
 from ferry.common.errors import FerryError, UsageError
 from ferry.common.natsauth import authorization_block, node_user, read_creds
 from ferry.common.ports import free_port
@@ -112,7 +112,8 @@ class AllInOne:
             raise UsageError(f"bad --grpc {args.grpc!r}: use HOST:PORT, e.g. 127.0.0.1:7070")
         self.addr = args.grpc
         self.data_dir = Path(args.data_dir).resolve()
-        specs = (load_cluster(args.cluster).nodes if args.cluster
+        cluster = load_cluster(args.cluster) if args.cluster else None
+        specs = (cluster.nodes if cluster is not None
                  else [NodeSpec(id=f"node-{i}", cpus=os.cpu_count() or 1) for i in range(1, args.nodes + 1)])
         self.nodes = [s.id for s in specs]
         self.metadata_ports = {s.id: free_port() for s in specs}
@@ -155,18 +156,14 @@ class AllInOne:
         tokens = self.secrets / "tokens.yaml"
         if "FERRY_TOKENS_FILE" not in env and tokens.exists():
             env["FERRY_TOKENS_FILE"] = str(tokens)  # made by `ferry keys token --data-dir DATA_DIR`
-
-        def creds(user: str) -> dict[str, str]:
-            return {"FERRY_NATS_CREDS": str(creds_file(self.secrets, user))}
-
-        self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", {**env, **creds(name)})
+        self.children = [Child(name, [*py, f"ferry.{name}"], logs / f"{name}.log", {**env, **self.creds(name)})
                          for name in CONTROL_PLANE]
         if self.tls is not None:  # the API serves TLS; its clients (ferry up too) trust the CA
             api = next(c for c in self.children if c.name == "api")
             api.env.update({"FERRY_TLS_CERT": str(self.tls.cert), "FERRY_TLS_KEY": str(self.tls.key)})
             del api.env["FERRY_TLS_CA"]  # for the API this would mean: clients need certificates
         self.env, self.logs = env, logs
-        self.fleet = self.local_fleet(args)
+        self.fleet = self.local_fleet(args, cluster.instance_types if cluster is not None else [])
         self.specs = {s.id: s for s in specs}
         self.node_children: dict[str, list[Child]] = {}
         self.simnet = SimNetwork(self.data_dir, self.nodes)
@@ -174,19 +171,22 @@ class AllInOne:
             self.node_children[spec.id] = self.node_services(spec)
             self.children.extend(self.node_children[spec.id])
 
-    def local_fleet(self, args: argparse.Namespace) -> LocalFleet | None:
+    def creds(self, user: str) -> dict[str, str]:
+        """The environment that gives a service its NATS user."""
+        return {"FERRY_NATS_CREDS": str(creds_file(self.secrets, user))}
+
+    def local_fleet(self, args: argparse.Namespace, types: list[InstanceTypeSpec]) -> LocalFleet | None:
         """With ``--provider local``: the provider's side here, and the autoscaler to drive it."""
         if not getattr(args, "provider", None):
             return None
-        types = load_cluster(args.cluster).instance_types if args.cluster else []
         if not types:
             raise UsageError("--provider local needs a --cluster file that lists instance_types: the kinds of "
                              "node the provider may launch (see `ferry up --help`)")
         folder = self.data_dir / "fleet"
         self.children.append(Child("autoscaler", [sys.executable, "-m", "ferry.autoscaler"],
                                    self.logs / "autoscaler.log",
-                                   {**self.env, "FERRY_NATS_CREDS": str(creds_file(self.secrets, "autoscaler")),
-                                    "FERRY_PROVIDER": "local", "FERRY_FLEET_DIR": str(folder)}))
+                                   {**self.env, **self.creds("autoscaler"), "FERRY_PROVIDER": "local",
+                                    "FERRY_FLEET_DIR": str(folder)}))
         return LocalFleet(folder, types)
 
     def node_services(self, spec: NodeSpec) -> list[Child]:
@@ -201,7 +201,7 @@ class AllInOne:
         meta = Child(f"metadata@{node}", [*py, "ferry.sim.metadata_server", "--port", str(self.metadata_ports[node])],
                      self.logs / f"metadata-{node}.log", self.env)
         services = [Child(f"{svc}@{node}", [*py, f"ferry.{svc}", "--node", node], self.logs / f"{svc}-{node}.log",
-                          {**node_env, "FERRY_NATS_CREDS": str(creds_file(self.secrets, node_user(svc, node)))})
+                          {**node_env, **self.creds(node_user(svc, node))})
                     for svc in NODE_SERVICES]
         return [meta, *services]
 
