@@ -5,8 +5,9 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from ferry.common.errors import UsageError
 from ferry.common.jobnet import PortMap
 from ferry.common.opargs import OpArgs, Plain
 from ferry.common.record import Record
@@ -335,10 +336,6 @@ class AutoscalePolicy(Record):
     @classmethod
     def checked(cls, **fields: Any) -> "AutoscalePolicy":
         """The policy, or a UsageError that says in one line what is wrong (the CLI and the API)."""
-        from pydantic import ValidationError
-
-        from ferry.common.errors import UsageError
-
         flags = {"min_nodes": "--min", "max_nodes": "--max", "target_utilization": "--target-utilization",
                  "scale_down_after_s": "--scale-down-after", "scale_up_after_s": "--scale-up-after"}
         try:

@@ -15,6 +15,7 @@ for another tenant or altered raises ManifestRefused (see ``ferry.store.keys``).
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,6 @@ class CheckpointStore:
     def read_output(self, job: str, stream: str, offset: int, size: int, tenant: str | None = None) -> bytes:
         """Up to ``size`` bytes of an ended job's kept output from ``offset``; ObjectNotFound if none
         was kept."""
-        import tempfile
-
         manifest = self.read_manifest(job, OUTPUT, tenant)
         wanted = [f for f in manifest.files if f.path == stream]
         if not wanted:
