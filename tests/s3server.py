@@ -1,5 +1,6 @@
-"""A real S3 endpoint for the tests: moto's standalone server as a subprocess on 127.0.0.1."""
+"""A real S3 (and EC2) endpoint for the tests: moto's standalone server as a subprocess on 127.0.0.1."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -18,12 +19,13 @@ class MotoServer:
         self.endpoint = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         exe = Path(sys.executable).parent / "moto_server"
         self.proc = subprocess.Popen(
             [str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
         deadline = time.monotonic() + 30
         while True:

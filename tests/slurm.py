@@ -30,8 +30,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ferry.cli.slurm.scontrol import parse_fields
 from ferry.common import ports
+from ferry.common.scontrol import parse_fields
 from tests.conftest import BIN, wait_until
 
 PLUGIN_DIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
@@ -55,6 +55,9 @@ class Slurm:
     ferry_addr: str
     grace_s: int = 4  # partition lowc's GraceTime: a batch script gets SIGTERM when it ends
     kill_wait_s: int = 30
+    # nodes under power saving (State=CLOUD): powered down at start; ResumeProgram starts their
+    # slurmd, SuspendProgram stops it (the scripts log what SLURM asked to power.log)
+    powered: list[str] = field(default_factory=list)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -129,8 +132,10 @@ DebugFlags=NO_CONF_HASH
 PlugStackConfig={self.root}/plugstack.conf
 """
         nodes = "".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_ports[n]} CPUs=2 "
-                        f"State=UNKNOWN\n" for n in self.nodes)
+                        f"State={'CLOUD' if n in self.powered else 'UNKNOWN'}\n" for n in self.nodes)
         names = ",".join(self.nodes)
+        if self.powered:
+            common += self.power_saving()
         # low: preempted jobs are requeued (SLURM's REQUEUE); lowc: cancelled after GraceTime (CANCEL)
         parts = (f"PartitionName=low Nodes={names} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP\n"
                  f"PartitionName=lowc Nodes={names} PriorityTier=1 PreemptMode=CANCEL GraceTime={self.grace_s} "
@@ -143,6 +148,33 @@ PlugStackConfig={self.root}/plugstack.conf
             (self.root / f"slurm-{n}.conf").write_text(
                 common + f"SlurmdSpoolDir={spool}\nSlurmdPidFile={self.root}/{n}.pid\n"
                 f"SlurmdLogFile={self.root}/{n}.log\n" + nodes + parts)
+
+    def power_saving(self) -> str:
+        """SLURM's power saving (ResumeProgram and SuspendProgram get a host list): here they start
+        and stop the node's slurmd, as a cloud's or an IPMI script would boot and halt the machine."""
+        log = self.root / "power.log"
+        # slurmctld runs them with an empty environment: every command by its full path
+        scontrol, slurmd, pkill = (shutil.which(c) or c for c in ("scontrol", "slurmd", "pkill"))
+        resume = self.root / "resume.sh"
+        resume.write_text(
+            "#!/bin/bash\n"
+            f"echo \"resume $1\" >> {log}\n"
+            f"for n in $({scontrol} show hostnames \"$1\"); do\n"
+            f"  FERRY_TEST_SLURM={self.root}:slurmd-$n setsid {slurmd} -b -D -N \"$n\" -f {self.root}/slurm-$n.conf "
+            f"> {self.root}/slurmd-$n.out 2>&1 < /dev/null &\n"
+            "done\n")
+        suspend = self.root / "suspend.sh"
+        suspend.write_text(
+            "#!/bin/bash\n"
+            f"echo \"suspend $1\" >> {log}\n"
+            f"for n in $({scontrol} show hostnames \"$1\"); do\n"
+            f"  {pkill} -f \"slurmd -b -D -N $n -f {self.root}/slurm-$n.conf\" || true\n"
+            "done\n")
+        resume.chmod(0o755)
+        suspend.chmod(0o755)
+        # SLURM never powers a node down by itself here (a day of idling): Ferry decides
+        return (f"ResumeProgram={resume}\nSuspendProgram={suspend}\nSuspendTime=86400\nResumeTimeout=60\n"
+                "SuspendTimeout=5\nResumeRate=0\nSuspendRate=0\nPrivateData=cloud\n")
 
     def start(self) -> None:
         require_slurm()
@@ -158,9 +190,10 @@ PlugStackConfig={self.root}/plugstack.conf
         wait_until(lambda: (munge / "sock").exists(), 10, "munged's socket")
         self._spawn("slurmctld", "slurmctld", "-D", "-i", "-f", str(self.conf))
         wait_until(lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0, 30, "slurmctld")
-        for n in self.nodes:
+        up = [n for n in self.nodes if n not in self.powered]
+        for n in up:
             self._spawn(f"slurmd-{n}", "slurmd", "-D", "-N", n, "-f", str(self.root / f"slurm-{n}.conf"))
-        wait_until(lambda: all(self.node(n).get("State", "").startswith("IDLE") for n in self.nodes), 60,
+        wait_until(lambda: all(self.node(n).get("State", "").startswith("IDLE") for n in up), 60,
                    "the slurmd nodes to be idle", interval=0.5)
 
     def _spawn(self, name: str, *argv: str) -> None:
@@ -213,7 +246,7 @@ PlugStackConfig={self.root}/plugstack.conf
                 proc.kill()
                 proc.wait()
         for n in self.nodes:
-            for pid in _stepds(f"{self.root}:slurmd-{n}"):
+            for pid in _stepds(f"{self.root}:slurmd-{n}") + _stepds(f"{self.root}:slurmd-{n}", "slurmd"):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -250,15 +283,16 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stepds(marker: str) -> list[int]:
-    """The slurmstepds a slurmd started (they carry its FERRY_TEST_SLURM marker)."""
+def _stepds(marker: str, comm: str = "slurmstepd") -> list[int]:
+    """The slurmstepds a slurmd started (they carry its FERRY_TEST_SLURM marker); with comm
+    "slurmd", the slurmd a ResumeProgram started."""
     want = f"FERRY_TEST_SLURM={marker}".encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            stepd = (proc / "comm").read_text().strip() == "slurmstepd"
+            stepd = (proc / "comm").read_text().strip() == comm
             if stepd and want in (proc / "environ").read_bytes().split(b"\0"):
                 found.append(int(proc.name))
         except OSError:

@@ -14,8 +14,8 @@ from ferry.cli.slurm.plan import (
     restore_line,
     workload_env,
 )
-from ferry.cli.slurm.scontrol import SlurmJob, SlurmNode, parse_job, parse_nodes, parse_preempt_mode, parse_queue
 from ferry.common.errors import FerryError, UsageError
+from ferry.common.scontrol import SlurmJob, SlurmNode, parse_job, parse_nodes, parse_preempt_mode, parse_queue
 
 # what Debian's SLURM 22.05 printed here (one line each, shortened where nothing is read)
 NODES = (

@@ -106,6 +106,9 @@ class InstanceTypeSpec(InstanceKind):
     """An instance type the local provider offers (see the module's docstring)."""
 
     available: int = Field(default=8, ge=0)
+    # where the provider finds nodes of this type: the SLURM nodes (a host list, node-[1-4]) or the
+    # Kubernetes node group (a Cluster API MachineDeployment's name); the clouds need none
+    group: str = ""
 
     @field_validator("name")
     @classmethod

@@ -4,6 +4,7 @@ Precedence, lowest first: defaults, the file named by FERRY_CONFIG (or --config)
 command-line flags (services apply those last).
 """
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -12,11 +13,12 @@ import yaml
 from pydantic import ByteSize, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ferry.common.cluster import NodeSpec
+from ferry.common.cluster import InstanceTypeSpec, NodeSpec
 from ferry.common.errors import ConfigError, UsageError
 from ferry.common.jobnet import DEFAULT_RANGE, check_range
 
 NoticeProvider = Literal["aws", "gcp", "azure"]
+ProviderName = Literal["", "local", "aws", "gcp", "azure", "slurm", "kubernetes"]
 
 
 class Settings(BaseSettings):
@@ -82,9 +84,23 @@ class Settings(BaseSettings):
     rebalance_every_s: float = Field(default=30.0, gt=0)  # how often each running job is reviewed
     rebalance_horizon_s: float = Field(default=3600.0, gt=0)  # remaining time assumed without a deadline
     kill_grace_s: float = Field(default=5.0, ge=0)
-    # the autoscaler: where nodes come from ("": nowhere, it only watches; "local": `ferry up --provider local`)
-    provider: Literal["", "local"] = ""
+    # the autoscaler: where nodes come from ("": nowhere, it only watches; "local": `ferry up
+    # --provider local`; aws, gcp, azure: the clouds' APIs; slurm: power saving; kubernetes: node
+    # groups), see ferry.fleet.providers
+    provider: ProviderName = ""
     fleet_dir: Path | None = None  # the local provider's folder; unset: <data_dir>/fleet
+    # what the other providers offer (the local one takes the cluster file's): a list in the config
+    # file, or JSON in FERRY_INSTANCE_TYPES; `group` names a type's SLURM nodes or Kubernetes node group
+    instance_types: list[InstanceTypeSpec] = Field(default_factory=list)
+    cluster_name: str = Field(default="ferry", pattern=r"^[a-z][a-z0-9-]{0,40}$")  # the tag on the nodes it launches
+    provider_region: str = ""  # aws: the region
+    provider_project: str = ""  # gcp: the project; azure: the subscription
+    provider_group: str = ""  # azure: the resource group; kubernetes: the node groups' namespace
+    provider_endpoint: str = ""  # the API's URL; empty: the cloud's own (set: a private endpoint, a local double)
+    provider_image: str = ""  # aws: the AMI; gcp: the source image; azure: the image's id
+    provider_network: str = ""  # aws: the subnet; gcp: the network; azure: the subnet's id
+    provider_user_data: Path | None = None  # the script a new node boots with ({node_id} is its id)
+    provider_token_file: Path | None = None  # gcp, azure, kubernetes: the API's bearer token
     autoscale_every_s: float = Field(default=5.0, gt=0)  # plans at least this often (underused time runs out)
     autoscale_drain_timeout_s: float = Field(default=600.0, gt=0)  # a retiring node's jobs must be gone by then
     otel_exporter: Literal["none", "console", "otlp"] = "none"
@@ -112,6 +128,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return NodeSpec.model_validate_json(value) if value.strip() else None
         return value
+
+    @field_validator("instance_types", mode="before")
+    @classmethod
+    def _types_json(cls, value: object) -> object:
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("interruption_sources", mode="before")
     @classmethod

@@ -1,7 +1,10 @@
 """The small interface every provider of nodes implements, and the types it speaks in.
 
 A provider lists the instance types it can launch (with prices, zones and markets), launches a
-node of one under the id the autoscaler chose, terminates a node, and lists the nodes it runs.
+node of one, terminates a node, and lists the nodes it runs, with the ones it lost to an
+interruption (a spot reclaim) marked. A launch is asked for under the id the autoscaler chose;
+providers whose nodes are named by someone else (SLURM's node list, Kubernetes' node names) return
+the name the node joins the cluster under, which the autoscaler records instead.
 Errors (one tree, ``ferry.common.errors``): ``LaunchRefused`` when the provider says no (no
 capacity, a quota, a bad request: the cluster stays as it was, the autoscaler backs off from that
 offer), ``ProviderError`` when it cannot be reached or answers nonsense.
@@ -43,6 +46,7 @@ class ProvidedNode(BaseModel):
     spot: bool
     state: NodeState
     reason: str = ""
+    interrupted: bool = False  # the provider took it back (a spot reclaim, an eviction)
 
 
 class Provider(Protocol):
@@ -52,7 +56,8 @@ class Provider(Protocol):
 
     async def launch(self, node_id: str, offer: InstanceType) -> ProvidedNode:
         """Starts a node of `offer` named `node_id` and returns once the provider has it running
-        (or raises LaunchRefused with the provider's reason)."""
+        (or raises LaunchRefused with the provider's reason). The returned node's id is the name
+        the node joins under: `node_id`, or the provider's own name for it."""
         ...
 
     async def terminate(self, node_id: str) -> None: ...

@@ -32,7 +32,7 @@ from ferry.common.errors import FerryError
 from ferry.common.mirror import Mirror
 from ferry.common.models import AutoscalePolicy, Event, FleetNode, Job, JobState, Node, Op, OpKind, new_id, now
 from ferry.common.service import Service, service_main
-from ferry.fleet.provider import InstanceType, LaunchRefused, Provider
+from ferry.fleet.provider import InstanceType, LaunchRefused, ProvidedNode, Provider
 from ferry.fleet.providers import make_provider
 from ferry.policy import autoscale
 from ferry.policy.views import holds_capacity, job_view, node_views
@@ -136,7 +136,9 @@ class Autoscaler(Service):
         if policy is None or not policy.enabled or self.provider is None:
             return
         self.offers = await self.provider.instance_types()
-        self.managed = {n.id for n in await self.provider.nodes() if n.state == "running"}
+        provided = await self.provider.nodes()
+        self.managed = {n.id for n in provided if n.state == "running"}
+        await self.note_interruptions(provided)
         t = now()
         nodes = self.nodes.view()
         offers = [offer_of(o, nodes, t) for o in self.offers]
@@ -157,6 +159,18 @@ class Autoscaler(Service):
                 self.busy[action.node] = self.spawn(self.retire(action.node, action.saving_per_hour, action.reason,
                                                                 rec.op))
 
+    async def note_interruptions(self, provided: Sequence[ProvidedNode]) -> None:
+        """A node the provider took back (a spot reclaim) is gone from the fleet: its record ends
+        with an event (its jobs are the health service's: they fail over from their checkpoints)."""
+        records = {r.id: r for r in self.fleet.view()}
+        for node in provided:
+            rec = records.get(node.id)
+            if node.interrupted and rec is not None and rec.state == "running" and node.id not in self.busy:
+                await self.record(rec.model_copy(update={"state": "terminated", "since": now(),
+                                                         "reason": node.reason or "interrupted by the provider"}))
+                await self.emit("node_interrupted", node.id, f"{rec.offer}: {node.reason or 'taken back'}",
+                                offer=rec.offer)
+
     async def launch(self, action: autoscale.ScaleUp) -> None:
         assert self.provider is not None
         offer = next(o for o in self.offers if o.key == action.offer.key)
@@ -171,7 +185,9 @@ class Autoscaler(Service):
     async def _launch(self, rec: FleetNode, offer: InstanceType) -> None:
         assert self.provider is not None
         try:
-            await self.provider.launch(rec.id, offer)
+            got = await self.provider.launch(rec.id, offer)
+            if got.id != rec.id:  # the provider named it (a SLURM node, a Kubernetes node)
+                rec = await self.rename(rec, got.id)
         except FerryError as exc:
             rest = isinstance(exc, LaunchRefused)
             self.refused[rec.offer] = now() + REFUSED_REST_S
@@ -185,6 +201,17 @@ class Autoscaler(Service):
         finally:
             self.busy.pop(rec.id, None)
             self.changed.set()
+
+    async def rename(self, rec: FleetNode, name: str) -> FleetNode:
+        assert self.bus is not None
+        renamed = rec.model_copy(update={"id": name})
+        revision = await self.bus.fleet.put(name, renamed)
+        self.fleet.note(name, renamed, revision)
+        await self.bus.fleet.delete(rec.id)
+        self.fleet.forget(rec.id, revision)
+        self.busy[name] = self.busy.pop(rec.id)
+        await self.emit("node_named", name, f"the provider named {rec.id} {name}", requested=rec.id)
+        return renamed
 
     async def drain_node(self, node: str, op: str, undo: bool = False) -> None:
         assert self.bus is not None

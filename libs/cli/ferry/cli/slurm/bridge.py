@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from ferry.cli.slurm.scontrol import ENDED_STATES, FERRY_REASON, Scontrol, SlurmError, SlurmNode
 from ferry.common.errors import FerryError, UsageError
 from ferry.common.labels import SOURCE_LABEL
+from ferry.common.scontrol import ENDED_STATES, FERRY_REASON, Scontrol, SlurmError, SlurmNode
 from ferry.common.units import parse_duration
 
 __all__ = ["Action", "ApiFerry", "Bridge", "Ferry", "FerryJob", "FerryNode", "Slurm", "add_slurm_parser", "cmd_slurm",
@@ -132,7 +132,7 @@ class Ferry(Protocol):
 
 
 class Slurm(Protocol):
-    """What the bridge reads and does in SLURM (``ferry.cli.slurm.scontrol.Scontrol``)."""
+    """What the bridge reads and does in SLURM (``ferry.common.scontrol.Scontrol``)."""
 
     def nodes(self) -> list[SlurmNode]: ...
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ferry.cli.slurm.scontrol import SlurmJob
 from ferry.common.errors import UsageError
 from ferry.common.labels import SOURCE_LABEL
+from ferry.common.scontrol import SlurmJob
 
 __all__ = ["ACTIVE", "BATCH_STEP", "JobView", "Plan", "SlurmStep", "fresh_name", "labels", "plan", "requeue_reason",
            "restore_line", "workload_env"]

@@ -39,8 +39,8 @@ from ferry.cli.slurm.plan import (
     restore_line,
     workload_env,
 )
-from ferry.cli.slurm.scontrol import Scontrol, SlurmError
 from ferry.common.errors import FerryError
+from ferry.common.scontrol import Scontrol, SlurmError
 
 __all__ = ["main", "run"]
 

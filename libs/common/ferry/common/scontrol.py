@@ -1,4 +1,5 @@
-"""SLURM as Ferry's SLURM integration reads and drives it: `scontrol`, `squeue` and their one-line
+"""SLURM as Ferry reads and drives it (the SLURM integration of ``ferry.cli.slurm``, the SLURM
+provider of ``ferry.fleet.slurm``): `scontrol`, `squeue` and their one-line
 output (`-o`), parsed by pure functions; the commands run behind one small class.
 
 SLURM has no event stream to watch, so what SLURM knows is read when it is needed (the launcher,
@@ -169,3 +170,11 @@ class Scontrol:
 
     def resume(self, node: str) -> None:
         self.run("scontrol", "update", f"nodename={node}", "state=resume")
+
+    def hostnames(self, hostlist: str) -> list[str]:
+        """The names a host list (``node-[1-3],gpu-1``) stands for."""
+        return self.run("scontrol", "show", "hostnames", hostlist).split()
+
+    def power(self, node: str, up: bool) -> None:
+        """Power saving: SLURM runs its ResumeProgram (or, once the node is idle, SuspendProgram)."""
+        self.run("scontrol", "update", f"nodename={node}", f"state={'power_up' if up else 'power_down'}")
