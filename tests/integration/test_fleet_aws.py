@@ -30,9 +30,6 @@ def ec2() -> Iterator[str]:
     server.stop()
 
 
-def offer(spec: InstanceTypeSpec) -> InstanceType:
-    return InstanceType.model_validate(spec.model_dump(exclude={"available", "group"}))
-
 
 async def test_ec2_launches_spot_and_on_demand_and_terminates_the_one_asked(
         ec2: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,8 +47,8 @@ async def test_ec2_launches_spot_and_on_demand_and_terminates_the_one_asked(
                                           if p["AvailabilityZone"] == "us-east-1b"))
     assert prices[ON_DEMAND.key] == 0.096
 
-    spot = await aws.launch("auto-1", offer(SPOT))
-    plain = await aws.launch("auto-2", offer(ON_DEMAND))
+    spot = await aws.launch("auto-1", InstanceType.of(SPOT))
+    plain = await aws.launch("auto-2", InstanceType.of(ON_DEMAND))
     assert (spot.id, spot.state, spot.spot, spot.zone) == ("auto-1", "running", True, "us-east-1b")
     assert (plain.spot, plain.zone) == (False, "us-east-1a")
     described = {next(t["Value"] for t in i["Tags"] if t["Key"] == "ferry-node"): i
@@ -62,7 +59,7 @@ async def test_ec2_launches_spot_and_on_demand_and_terminates_the_one_asked(
     assert base64.b64decode(data["UserData"]["Value"]).decode() == "#!/bin/sh\nferry-node --id auto-1\n"
 
     with pytest.raises(LaunchRefused, match=r"zz\.huge"):
-        await aws.launch("auto-3", offer(BOGUS))
+        await aws.launch("auto-3", InstanceType.of(BOGUS))
     assert {n.id for n in await aws.nodes() if n.state == "running"} == {"auto-1", "auto-2"}
 
     await aws.terminate("auto-1")

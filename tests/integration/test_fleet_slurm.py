@@ -27,7 +27,7 @@ def slurm() -> Iterator[Slurm]:
 
 async def test_ferry_powers_slurm_nodes_up_and_down(slurm: Slurm) -> None:
     provider = SlurmProvider(CloudConfig(types=(CPU,), poll_s=0.3, timeout_s=60), Scontrol(slurm.env))
-    offer = InstanceType.model_validate(CPU.model_dump(exclude={"available", "group"}))
+    offer = InstanceType.of(CPU)
     assert {n.id: n.state for n in await provider.nodes()} == {"node-2": "terminated", "node-3": "terminated"}
     first = await provider.launch("auto-1", offer)
     second = await provider.launch("auto-2", offer)

@@ -26,9 +26,6 @@ AZ_TYPES = (InstanceTypeSpec(name="Standard_D4s_v5", zone="eastus-1", spot=True,
             InstanceTypeSpec(name="Standard_D4s_v5", zone="eastus-2", cpus=4, price_per_hour=0.19))
 
 
-def offer(spec: InstanceTypeSpec) -> InstanceType:
-    return InstanceType.model_validate(spec.model_dump(exclude={"available", "group"}))
-
 
 @pytest.fixture
 async def double() -> AsyncIterator[CloudDouble]:
@@ -49,7 +46,7 @@ def config(tmp_path: Path, double: CloudDouble, types: tuple[InstanceTypeSpec, .
 
 async def test_gcp_launches_a_spot_instance_and_sees_it_preempted(tmp_path: Path, double: CloudDouble) -> None:
     gcp = GcpProvider(config(tmp_path, double, GCP_TYPES))
-    node = await gcp.launch("auto-1", offer(GCP_TYPES[0]))
+    node = await gcp.launch("auto-1", InstanceType.of(GCP_TYPES[0]))
     assert (node.id, node.state, node.spot, node.zone) == ("auto-1", "running", True, "us-central1-a")
     method, path, body = double.requests[0]
     assert (method, path) == ("POST", "/compute/v1/projects/proj/zones/us-central1-a/instances")
@@ -66,13 +63,13 @@ async def test_gcp_launches_a_spot_instance_and_sees_it_preempted(tmp_path: Path
 async def test_gcp_refusals_leave_nothing_and_termination_deletes(tmp_path: Path, double: CloudDouble) -> None:
     gcp = GcpProvider(config(tmp_path, double, GCP_TYPES))
     with pytest.raises(LaunchRefused, match="ZONE_RESOURCE_POOL_EXHAUSTED"):
-        await gcp.launch("auto-2", offer(GCP_TYPES[1]))
+        await gcp.launch("auto-2", InstanceType.of(GCP_TYPES[1]))
     asked = len(double.requests)
     with pytest.raises(LaunchRefused, match="offers no e2-micro/us-central1-a/on-demand"):
         await gcp.launch("auto-3", InstanceType(name="e2-micro", zone="us-central1-a"))
     assert len(double.requests) == asked  # refused before asking
     assert double.gcp == {}
-    await gcp.launch("auto-4", offer(GCP_TYPES[0]))
+    await gcp.launch("auto-4", InstanceType.of(GCP_TYPES[0]))
     await gcp.terminate("auto-4")
     assert double.gcp == {} and await gcp.nodes() == []
     (tmp_path / "token").write_text("expired")
@@ -83,7 +80,7 @@ async def test_gcp_refusals_leave_nothing_and_termination_deletes(tmp_path: Path
 async def test_azure_launches_spot_vms_and_refuses_what_azure_cannot_place(tmp_path: Path,
                                                                            double: CloudDouble) -> None:
     azure = AzureProvider(config(tmp_path, double, AZ_TYPES))
-    node = await azure.launch("auto-1", offer(AZ_TYPES[0]))
+    node = await azure.launch("auto-1", InstanceType.of(AZ_TYPES[0]))
     assert (node.id, node.state, node.spot, node.zone) == ("auto-1", "running", True, "eastus-1")
     method, path, body = double.requests[0]
     assert (method, path) == ("PUT", "/subscriptions/proj/resourceGroups/rg/providers/Microsoft.Compute/"
@@ -94,11 +91,11 @@ async def test_azure_launches_spot_vms_and_refuses_what_azure_cannot_place(tmp_p
     assert base64.b64decode(props["osProfile"]["customData"]).decode() == "#!/bin/sh\nferry-node --id auto-1\n"
     # no capacity left in zone 2: the VM fails to provision, is deleted, the launch is refused
     with pytest.raises(LaunchRefused, match="Allocation failed"):
-        await azure.launch("auto-2", offer(AZ_TYPES[1]))
+        await azure.launch("auto-2", InstanceType.of(AZ_TYPES[1]))
     assert set(double.azure) == {"auto-1"}
     other = AZ_TYPES[0].model_copy(update={"zone": "westus-1"})
     with pytest.raises(LaunchRefused, match="SkuNotAvailable"):
-        await AzureProvider(config(tmp_path, double, (other,))).launch("auto-3", offer(other))
+        await AzureProvider(config(tmp_path, double, (other,))).launch("auto-3", InstanceType.of(other))
     assert [(n.id, n.state) for n in await azure.nodes()] == [("auto-1", "running")]
     await azure.terminate("auto-1")
     assert double.azure == {} and await azure.nodes() == []
@@ -109,8 +106,8 @@ async def test_kubernetes_scales_a_node_group_and_removes_the_node_asked_for(tmp
     spec = InstanceTypeSpec(name="m5.xlarge", zone="us-east-1a", cpus=4, price_per_hour=0.19, group="workers")
     double.node_group("workers", replicas=1)
     kube = KubeProvider(config(tmp_path, double, (spec,)))
-    first = await kube.launch("auto-1", offer(spec))
-    second = await kube.launch("auto-2", offer(spec))
+    first = await kube.launch("auto-1", InstanceType.of(spec))
+    second = await kube.launch("auto-2", InstanceType.of(spec))
     # Kubernetes names its nodes: the launch says which name the node joins under
     assert first.id.startswith("ip-workers-") and second.id != first.id and first.state == "running"
     assert double.deployments["workers"]["spec"]["replicas"] == 3
@@ -120,7 +117,7 @@ async def test_kubernetes_scales_a_node_group_and_removes_the_node_asked_for(tmp
     assert first.id not in {n.id for n in await kube.nodes()} and second.id in {n.id for n in await kube.nodes()}
     double.failing.add("workers")
     with pytest.raises(LaunchRefused, match="InsufficientInstanceCapacity"):
-        await kube.launch("auto-3", offer(spec))
+        await kube.launch("auto-3", InstanceType.of(spec))
     assert double.deployments["workers"]["spec"]["replicas"] == 2 and len(double.machines) == 2
 
 

@@ -15,11 +15,6 @@ from ferry.fleet.provider import InstanceType, LaunchRefused, ProviderError
 SMALL = InstanceTypeSpec(name="small", zone="z-a", cpus=2, price_per_hour=0.1, available=1)
 
 
-def offer(spec: InstanceTypeSpec) -> InstanceType:
-    return InstanceType(name=spec.name, zone=spec.zone, cpus=spec.cpus, price_per_hour=spec.price_per_hour,
-                        memory=spec.memory)
-
-
 async def serve_until(fleet: LocalFleet, running: dict[str, NodeSpec], work: "asyncio.Task[Any]") -> None:
     """`ferry up`'s loop: serves requests until the provider's call ends."""
     def add(spec: NodeSpec) -> None:
@@ -42,7 +37,7 @@ async def test_launch_and_terminate_through_the_folder(tmp_path: Path) -> None:
     assert [t.key for t in await provider.instance_types()] == ["small/z-a/on-demand"]
     assert [(n.id, n.state) for n in await provider.nodes()] == [("n1", "running")]
     # n1 is a small one already and the provider has one: a second is refused, nothing starts
-    work = asyncio.create_task(provider.launch("auto-1", offer(SMALL)))
+    work = asyncio.create_task(provider.launch("auto-1", InstanceType.of(SMALL)))
     await serve_until(fleet, running, work)
     with pytest.raises(LaunchRefused, match="insufficient capacity: all 1 small/z-a/on-demand"):
         work.result()
@@ -51,7 +46,7 @@ async def test_launch_and_terminate_through_the_folder(tmp_path: Path) -> None:
     await serve_until(fleet, running, ended)
     ended.result()
     assert running == {}
-    work = asyncio.create_task(provider.launch("auto-1", offer(SMALL)))
+    work = asyncio.create_task(provider.launch("auto-1", InstanceType.of(SMALL)))
     await serve_until(fleet, running, work)
     assert work.result().state == "running"
     assert running["auto-1"].cpus == 2 and running["auto-1"].price_per_hour == 0.1

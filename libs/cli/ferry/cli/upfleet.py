@@ -28,7 +28,7 @@ class LocalFleet:
     def start(self, nodes: list[NodeSpec]) -> None:
         """A fresh folder: the types on offer, and the cluster file's nodes as running."""
         shutil.rmtree(self.dir.root, ignore_errors=True)
-        offers = [InstanceType.model_validate(t.model_dump(exclude={"available"})) for t in self.types.values()]
+        offers = [InstanceType.of(t) for t in self.types.values()]
         self.dir.write_types(offers, {k: t.available for k, t in self.types.items()})
         for spec in nodes:
             self.answer(spec, "running")

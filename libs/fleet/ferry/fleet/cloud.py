@@ -37,7 +37,7 @@ class CloudConfig:
     poll_s: float = 2.0
 
     def offers(self) -> list[InstanceType]:
-        return [InstanceType.model_validate(t.model_dump(exclude={"available", "group"})) for t in self.types]
+        return [InstanceType.of(t) for t in self.types]
 
     def spec(self, offer: InstanceType) -> InstanceTypeSpec:
         """The configured type of ``offer``: a launch of anything else is refused before asking."""

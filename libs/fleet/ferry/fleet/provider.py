@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from ferry.common.cluster import InstanceKind
+from ferry.common.cluster import InstanceKind, InstanceTypeSpec
 from ferry.common.errors import FerryError
 
 
@@ -30,6 +30,11 @@ class InstanceType(InstanceKind):
     """One instance type in one zone and market, as a provider offers it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def of(cls, spec: InstanceTypeSpec) -> "InstanceType":
+        """The offer a configured type makes (without how many there are, or where they come from)."""
+        return cls.model_validate(spec.model_dump(exclude={"available", "group"}))
 
 
 NodeState = Literal["launching", "running", "failed", "terminating", "terminated"]
