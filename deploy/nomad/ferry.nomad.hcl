@@ -1,4 +1,4 @@
-# Ferry's control plane: api, scheduler, health and pricing, one of each, in one group.
+# Ferry's control plane: api, scheduler, health, pricing and autoscaler, one of each, in one group.
 #
 #   ferry keys init ./keys --tls-hosts ferry-api.service.nomad,localhost,127.0.0.1   # once, see below
 #   ferry keys token --tokens-file ./keys/tokens.yaml --tenant ops --role admin       # your token
@@ -300,6 +300,61 @@ job "ferry" {
         change_mode = "restart"
         data        = <<-EOT
         {{ with nomadVar "nomad/jobs/ferry/keys" }}{{ index . "nats-pricing.json" }}{{ end }}
+        EOT
+      }
+
+      template {
+        destination = "secrets/tls-ca.pem"
+        perms       = "0400"
+        uid         = 10001
+        gid         = 10001
+        change_mode = "restart"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry/keys" }}{{ index . "tls-ca.pem" }}{{ end }}
+        EOT
+      }
+
+
+      template {
+        destination = "local/ferry.yaml"
+        data        = local.ferry_config
+        change_mode = "restart"
+      }
+
+      resources {
+        cpu    = 100
+        memory = 192
+      }
+    }
+
+    task "autoscaler" {
+      driver       = "docker"
+      user         = "10001"
+      kill_signal  = "SIGTERM"
+      kill_timeout = "30s"
+
+      config {
+        image   = local.image
+        command = "python"
+        args    = ["-m", "ferry.autoscaler"]
+      }
+
+      env {
+        FERRY_CONFIG     = "/local/ferry.yaml"
+        FERRY_NATS_CREDS = "/secrets/nats-autoscaler.json"
+      }
+
+      # provider, instance_types and the cloud's settings go in ferry.yaml (ferry.fleet.providers);
+      # a cloud's credentials as the task's own secrets, e.g. AWS_* from nomad/jobs/ferry/cloud
+
+      template {
+        destination = "secrets/nats-autoscaler.json"
+        perms       = "0400"
+        uid         = 10001
+        gid         = 10001
+        change_mode = "restart"
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/ferry/keys" }}{{ index . "nats-autoscaler.json" }}{{ end }}
         EOT
       }
 

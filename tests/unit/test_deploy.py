@@ -34,7 +34,7 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 NOMAD = DEPLOY / "nomad"
 IMAGE = "ghcr.io/ferry-project/ferry:0.1.0"
-CONTROL = ("api", "scheduler", "health", "pricing")
+CONTROL = ("api", "scheduler", "health", "pricing", "autoscaler")
 NODE = ("checkpointer", "migrator")
 # Kubernetes only: the controller of Kubernetes' own pods, and its node agent
 KUBE_CONTROL = ("controller",)
@@ -342,7 +342,11 @@ def test_secret_keys_are_real_and_every_reference_resolves() -> None:
         made = made_keys(Path(tmp) / "keys")
     for doc in workloads():  # every item a pod mounts from ferry-keys is one `ferry keys secret` makes
         for volume in pod_spec(doc).get("volumes", []):
-            if "secret" in volume:
+            if "secret" in volume and volume["secret"]["secretName"] == "ferry-cloud":
+                # the cloud's credentials the user creates (the autoscaler's): optional, group-readable only
+                assert volume["secret"]["optional"] is True and not volume["secret"]["defaultMode"] & 0o007
+                assert doc["metadata"]["name"] == "ferry-autoscaler"
+            elif "secret" in volume:
                 assert volume["secret"]["secretName"] == "ferry-keys", doc["metadata"]["name"]
                 wanted = {item["key"] for item in volume["secret"]["items"]}
                 assert wanted <= set(made) | {"tokens.yaml"}, (doc["metadata"]["name"], wanted - set(made))

@@ -60,8 +60,8 @@ def test_what_the_controller_and_the_agent_write_fits_the_crd() -> None:
             jsonschema.validate(bad, schema)
 
 
-def rules(role: str) -> set[tuple[str, str, str]]:
-    return {(group, resource, verb) for rule in the("ClusterRole", role)["rules"] for group in rule["apiGroups"]
+def rules(role: str, kind: str = "ClusterRole") -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for rule in the(kind, role)["rules"] for group in rule["apiGroups"]
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
@@ -82,6 +82,13 @@ def test_rbac_grants_only_what_the_code_calls() -> None:
             for rule in doc["rules"]:
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], doc["metadata"]["name"]
                 assert "secrets" not in rule["resources"], f"{doc['metadata']['name']} reads Secrets"
+    # the autoscaler scales node groups in its own namespace (provider: kubernetes), nothing else
+    assert rules("ferry-autoscaler", "Role") == {("cluster.x-k8s.io", "machinedeployments", "get"),
+                                         ("cluster.x-k8s.io", "machinedeployments", "patch"),
+                                         ("cluster.x-k8s.io", "machines", "list"),
+                                         ("cluster.x-k8s.io", "machines", "patch")}
+    assert the("RoleBinding", "ferry-autoscaler")["subjects"][0]["name"] == (
+        "ferry-autoscaler")
     for role in ("ferry-controller", "ferry-podagent"):
         binding = the("ClusterRoleBinding", role)
         assert binding["roleRef"]["name"] == role and binding["subjects"][0]["name"] == role
@@ -90,7 +97,7 @@ def test_rbac_grants_only_what_the_code_calls() -> None:
     # the other pods get no token at all
     for _, doc in documents():
         if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet") and doc["metadata"]["name"] not in (
-                "ferry-controller", "ferry-podagent"):
+                "ferry-controller", "ferry-podagent", "ferry-autoscaler"):
             assert pod_spec(doc).get("automountServiceAccountToken") is False, doc["metadata"]["name"]
 
 
