@@ -149,6 +149,11 @@ class JobUsage(Record):
     rss_bytes: int = 0
     peak_rss_bytes: int = 0  # the highest seen on this node since it started or was restored here
     cpu: float = 0.0  # cores, averaged since the last sample
+    # GPUs (NVML): the memory its processes hold on the busiest of its GPUs, the peak of that, and
+    # that GPU's utilisation (percent); zeros without GPUs
+    gpu_memory_bytes: int = 0
+    peak_gpu_memory_bytes: int = 0
+    gpu_utilization: float = 0.0
     at: float = Field(default_factory=now)
 
 

@@ -1,15 +1,34 @@
 """What each running job uses, sampled on its node for its heartbeat (``Node.usage``): the resident
 memory of its whole process tree, the peak of that since the job started or was restored here, and
 the cores it used since the last sample. psutil reads /proc; a tree that ends meanwhile is skipped.
+On a node with GPUs, NVML's compute processes say how much GPU memory the tree holds on each GPU
+(``gpu_use``): the busiest GPU's share, its peak, and that GPU's utilisation.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
 
 from ferry.common.models import JobUsage
 from ferry.criu.jobdir import ShimInfo
+from ferry.gpu.nvml import Nvml
+
+GpuUse = Callable[[set[int]], tuple[int, float]]  # pids -> (bytes on the busiest GPU, its utilisation %)
+
+
+def nvml_gpu_use(nvml: Nvml) -> GpuUse:
+    """``gpu_use`` over NVML: per GPU, the memory the given processes hold there."""
+    def use(pids: set[int]) -> tuple[int, float]:
+        best, util = 0, 0.0
+        for index in range(nvml.device_count()):
+            procs = [(pid, used) for pid, used in nvml.compute_processes(index) if pid in pids]
+            held = sum(used or 0 for _, used in procs)
+            if procs and held >= best:
+                best, util = held, float(nvml.utilization(index))
+        return best, util
+    return use
 
 
 @dataclass
@@ -19,6 +38,8 @@ class UsageSampler:
     _peak: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (peak rss, incarnation)
     _last: dict[str, JobUsage] = field(default_factory=dict)
     _at: float = 0.0
+    gpu_use: GpuUse | None = None  # set on a node with GPUs
+    _gpu_peak: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (peak bytes, incarnation)
 
     def sample(self, running: dict[str, ShimInfo]) -> dict[str, JobUsage]:
         t = time.time()
@@ -30,7 +51,7 @@ class UsageSampler:
             got = tree_usage(info.pid)
             if got is None:
                 continue
-            rss, cpu_s = got
+            rss, cpu_s, pids = got
             prev = self._cpu.get(job)
             cores = 0.0
             if prev is not None and prev[2] == info.incarnation and t > prev[1]:
@@ -39,16 +60,31 @@ class UsageSampler:
             peak, inc = self._peak.get(job, (0, info.incarnation))
             peak = max(rss, peak if inc == info.incarnation else 0)
             self._peak[job] = (peak, info.incarnation)
-            out[job] = JobUsage(rss_bytes=rss, peak_rss_bytes=peak, cpu=round(cores, 3), at=t)
+            gpu_bytes, gpu_util = self._gpu(pids)
+            gpu_peak, inc = self._gpu_peak.get(job, (0, info.incarnation))
+            gpu_peak = max(gpu_bytes, gpu_peak if inc == info.incarnation else 0)
+            self._gpu_peak[job] = (gpu_peak, info.incarnation)
+            out[job] = JobUsage(rss_bytes=rss, peak_rss_bytes=peak, cpu=round(cores, 3), gpu_memory_bytes=gpu_bytes,
+                                peak_gpu_memory_bytes=gpu_peak, gpu_utilization=gpu_util, at=t)
         for gone in set(self._cpu) - set(running):
             self._cpu.pop(gone, None)
             self._peak.pop(gone, None)
+            self._gpu_peak.pop(gone, None)
         self._last = out
         return out
 
 
-def tree_usage(pid: int) -> tuple[int, float] | None:
-    """(resident bytes, cpu seconds) of `pid` and every descendant; None when `pid` is gone."""
+    def _gpu(self, pids: set[int]) -> tuple[int, float]:
+        if self.gpu_use is None:
+            return 0, 0.0
+        try:
+            return self.gpu_use(pids)
+        except Exception:
+            return 0, 0.0
+
+
+def tree_usage(pid: int) -> tuple[int, float, set[int]] | None:
+    """(resident bytes, cpu seconds, pids) of `pid` and every descendant; None when `pid` is gone."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -63,4 +99,4 @@ def tree_usage(pid: int) -> tuple[int, float] | None:
                 cpu += times.user + times.system
         except psutil.Error:
             continue
-    return rss, cpu
+    return rss, cpu, {p.pid for p in procs}

@@ -51,7 +51,7 @@ from ferry.node.base import (
 from ferry.node.bridge import NodeNetwork, job_link, port_taken
 from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
 from ferry.node.procs import alive
-from ferry.node.usage import UsageSampler
+from ferry.node.usage import UsageSampler, nvml_gpu_use
 from ferry.policy.netplan import node_net_state
 from ferry.store.errors import ObjectNotFound
 from ferry.store.manifest import DEFAULT_TENANT
@@ -207,6 +207,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         except Exception as exc:  # the monitor reports driver trouble itself; anything else is a bug to log
             log.warning("GPU sample failed: %s", exc)
         st, spec, gpus, inv = self.criu_status, self.spec, self.gpus(), self.gpu_report.inventory
+        # NVML's GPUs: the jobs' GPU memory too (simulated GPUs have no processes to read)
+        self.usage.gpu_use = nvml_gpu_use(self.nvml()) if self.gpu_report.inventory.gpus else None
         try:
             usage = await asyncio.to_thread(self.usage.sample, local)
         except Exception as exc:  # /proc read trouble: this beat goes without it

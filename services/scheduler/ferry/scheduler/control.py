@@ -12,11 +12,24 @@ from ferry.common import wire
 from ferry.common.bus import CasConflict
 from ferry.common.config import Settings
 from ferry.common.errors import ConflictError, NotFoundError, UsageError
-from ferry.common.models import TERMINAL_STATES, Event, Job, JobState, Node, NodeState, Op, OpKind, OpState, new_id, now
+from ferry.common.models import (
+    TERMINAL_STATES,
+    Event,
+    Job,
+    JobState,
+    JobUsage,
+    Node,
+    NodeState,
+    Op,
+    OpKind,
+    OpState,
+    new_id,
+    now,
+)
 from ferry.common.opargs import CheckpointArgs, ColdMove, RestoreArgs
 from ferry.policy import decisions as policy
 from ferry.policy import preemption, rightsize
-from ferry.policy.views import gpu_trouble, job_view, node_views
+from ferry.policy.views import gpu_assignments, gpu_trouble, job_view, node_views
 from ferry.scheduler.ops import evacuate, failover
 from ferry.scheduler.ops.step import Placement, Step
 from ferry.scheduler.state import ClusterState
@@ -225,17 +238,45 @@ class ControlLoop:
             return False
         resize = rightsize.decide(job_view(job, t), usage.rss_bytes, usage.peak_rss_bytes, current, views, t,
                                   outgrown=job.outgrown)
-        if resize is None:
+        gpu = await self.gpu_resize(job, node, usage, views, t) if resize is None or resize.move_to is None else None
+        chosen = [r for r in (resize, gpu) if r is not None]
+        if not chosen:
             return False
-        job.memory_bytes, job.outgrown = resize.memory_bytes, resize.outgrown
-        job.reason = resize.reason if resize.outgrown else None
+        data: dict[str, int | float] = {"rss_bytes": usage.rss_bytes}
+        if resize is not None:
+            job.memory_bytes = data["memory_bytes"] = resize.memory_bytes
+        if gpu is not None:
+            job.gpu_memory_bytes = data["gpu_memory_bytes"] = gpu.memory_bytes
+            data["gpu_used_bytes"] = usage.peak_gpu_memory_bytes
+        job.outgrown = any(r.outgrown for r in chosen)
+        reason = "; ".join(r.reason for r in chosen)
+        job.reason = reason if job.outgrown else None
         await self.state.save_job(job)
-        await self.state.emit(Event(kind="right_sized", job=job.id, node=node.id, message=resize.reason,
-                                    data={"memory_bytes": resize.memory_bytes, "rss_bytes": usage.rss_bytes}))
-        if resize.move_to is None or job.requested_node:
+        await self.state.emit(Event(kind="right_sized", job=job.id, node=node.id, message=reason, data=data))
+        target = next((r.move_to for r in chosen if r.move_to is not None), None)
+        if target is None or job.requested_node:
             return False
-        await self.move_for(job, node, resize.move_to, resize.reason)
+        await self.move_for(job, node, target, reason)
         return True
+
+    async def gpu_resize(self, job: Job, node: Node, usage: JobUsage, views: list[policy.NodeView],
+                         t: float) -> rightsize.Resize | None:
+        """GPU memory right-sizing: its GPUs' size from its node's record, and the nodes whose free
+        GPUs would hold the new request from the scheduler's GPU placement."""
+        mine = [g for g in node.gpu_list if g.get("uuid") in job.gpu_uuids]
+        if not job.gpus or not mine or not usage.peak_gpu_memory_bytes:
+            return None
+        capacity = min(int(g.get("memory_total", 0)) for g in mine)
+        wanted = rightsize.new_gpu_request(job.gpu_memory_bytes, usage.gpu_memory_bytes,
+                                           usage.peak_gpu_memory_bytes, capacity)
+        fitting: list[policy.NodeView] = []
+        if wanted is not None and wanted[0] > capacity:
+            bigger = job.model_copy(update={"gpu_memory_bytes": wanted[0], "gpu_uuids": []})
+            others = [j for j in self.state.live_jobs() if j.id != job.id]
+            where = gpu_assignments(bigger, await self.state.nodes(), others)
+            fitting = [v for v in views if isinstance(where.get(v.id), list)]
+        return rightsize.decide_gpu(job_view(job, t), job.gpu_memory_bytes, usage.gpu_memory_bytes,
+                                    usage.peak_gpu_memory_bytes, capacity, node.id, fitting, t)
 
     async def move_for(self, job: Job, node: Node, target: str, reason: str) -> None:
         """A move the scheduler decided itself (rebalancing, right-sizing), said as an event."""
