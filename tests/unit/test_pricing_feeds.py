@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ferry.common.errors import UsageError
-from ferry.pricing.feeds import (
+from ferry.common.pricefeeds import (
     CATALOG_COLUMNS,
     PriceBook,
     PricePoint,

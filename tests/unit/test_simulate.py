@@ -401,3 +401,84 @@ def _runs(rng: Any, ticks: int, switch: float) -> list[int]:
         state = 1 - state if rng.random() < switch else state
         out.append(state)
     return out
+
+
+# ---------------------------------------------------------------- zones with prices of their own
+
+
+def test_zones_with_their_own_prices_by_hand() -> None:
+    """Two zones up all the time, a 3 h job: at 1 and 2 USD/h every policy that can choose takes
+    the cheaper one; with a history where the cheap one turns dear after hour 1, the optimum moves
+    (a checkpoint and a restore: 0.3 h); no policy beats it."""
+    a = Trace.from_data("a", 3600, [0] * 10)
+    b = Trace.from_data("b", 3600, [0] * 10)
+    fixed = simulate([a, b], 3, 8, on_demand_price=3.0, spot_price=9.0, checkpoint_every_s=5400.0,
+                     checkpoint_s=360.0, restore_s=720.0, zone_prices=[[2.0], [1.0]])
+    assert fixed.zone_prices == {"a": 2.0, "b": 1.0}
+    assert fixed.policies["ferry"].cost == pytest.approx(3.0 + 0.1)  # on b, with one periodic checkpoint
+    assert fixed.policies["uniform_progress"].cost == pytest.approx(3.0)  # the cheapest zone that is up
+    assert fixed.optimal is not None and fixed.optimal.cost == pytest.approx(3.0)
+    history = simulate([a, b], 3, 8, on_demand_price=3.0, spot_price=9.0, checkpoint_every_s=5400.0,
+                       checkpoint_s=360.0, restore_s=720.0, zone_prices=[[2.0], [1.0, 5.0]])
+    assert history.optimal is not None
+    # hour 0 on b at 1 USD/h: 0.9 h of work and a 0.1 h checkpoint; then a at 2 USD/h: a restore
+    # of 0.2 h and the 2.1 h of work left
+    assert history.optimal.cost == pytest.approx(1.0 + 2.3 * 2.0)
+    for result in history.policies.values():
+        assert history.optimal.cost <= result.cost + 1e-6
+    with pytest.raises(UsageError, match="1 zone price series for 2 traces"):
+        simulate([a, b], 3, 8, zone_prices=[[1.0]])
+
+
+def test_no_policy_beats_the_optimum_with_price_histories() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(20):
+        zones = rng.randint(1, 3)
+        traces = [Trace.from_data(f"z{z}", 3600.0, _runs(rng, 40, switch=0.3)) for z in range(zones)]
+        prices = [[round(rng.uniform(0.3, 2.5), 2) for _ in range(40)] for _ in range(zones)]
+        job = rng.choice([4.0, 6.0])
+        report = simulate(traces, job, job * rng.choice([1.5, 2.5]), on_demand_price=3.0, checkpoint_every_s=5400.0,
+                          checkpoint_s=360.0, restore_s=720.0, zone_prices=prices)
+        assert report.optimal is not None and report.optimal.exact
+        for name, result in report.policies.items():
+            if result.deadline_met:
+                assert report.optimal.cost <= result.cost + 1e-6, (name, prices)
+
+
+def test_spot_price_histories_line_up_with_the_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ferry.common.pricefeeds import parse_spot_history
+    from ferry.policy.simulate import price_series
+
+    def point(zone: str, price: str, when: str) -> dict[str, str]:
+        return {"AvailabilityZone": zone, "InstanceType": "p3.2xlarge", "ProductDescription": "Linux/UNIX",
+                "SpotPrice": price, "Timestamp": when}
+
+    history = {"SpotPriceHistory": [point("us-east-1a", "0.9", "2023-02-15T00:30:00Z"),
+                                    point("us-east-1a", "1.2", "2023-02-15T02:00:00Z"),
+                                    point("us-west-2a", "0.6", "2023-02-14T00:00:00Z")]}
+    points = parse_spot_history(json.dumps(history), "h.json")
+    east = Trace.from_data("us-east-1a_v100_1", 3600, [0, 0, 0, 0])
+    west = Trace.from_data("us-west-2a_v100_1", 3600, [0, 0, 0, 0])
+    other = Trace.from_data("eu-west-1a_v100_1", 3600, [0, 0])
+    start = 1676419200.0  # 2023-02-15T00:00:00Z
+    # before the first point, the first; then the last one set at or before each tick's start
+    assert price_series([east, west, other], points, start, 0.92) == [[0.9, 0.9, 1.2, 1.2], [0.6] * 4, []]
+    path = write(tmp_path, json.dumps(history), "h.json")
+    east_file = write(tmp_path, json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0] * 8}),
+                      "us-east-1a_v100_1.json")
+    west_file = write(tmp_path, json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0] * 8}),
+                      "us-west-2a_v100_1.json")
+    code, out = run_cli(["--trace", str(east_file), "--trace", str(west_file), "--job-hours", "3",
+                         "--deadline-hours", "6", "--spot-history", str(path), "--trace-start",
+                         "2023-02-15T00:00:00Z", "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["zone_prices"]["us-west-2a_v100_1"] == 0.6
+    assert doc["optimal"]["cost"] == pytest.approx(3 * 0.6)
+    with pytest.raises(UsageError, match="--spot-history needs --trace-start"):
+        run_cli(["--trace", str(east_file), "--job-hours", "3", "--deadline-hours", "6", "--spot-history",
+                 str(path)], capsys)
+    with pytest.raises(UsageError, match="expected ZONE=PRICE"):
+        run_cli(["--trace", str(east_file), "--job-hours", "3", "--deadline-hours", "6", "--zone-price", "x"],
+                capsys)

@@ -14,11 +14,15 @@ from ferry.common.errors import UsageError
 from ferry.common.units import parse_duration
 
 if TYPE_CHECKING:  # the simulator loads only for `ferry simulate`, keeping every other command quick
-    from ferry.policy.simulate import SimulationReport
+    from ferry.policy.simulate import SimulationReport, Trace
 
 EPILOG = """examples:
   ferry simulate --trace us-east-1a.json --job-hours 48 --deadline-hours 70
   ferry simulate --trace a.json --trace b.json --job-hours 24 --deadline-hours 36 --start-hour 12 -o json
+  ferry simulate --trace us-east-1a_v100_1.json --trace us-west-2a_v100_1.json --job-hours 48 \
+      --deadline-hours 70 --zone-price us-east-1a=0.92 --zone-price us-west-2a=0.71
+  ferry simulate --trace ... --spot-history us-east-1.json --spot-history us-west-2.json \
+      --trace-start 2023-02-15T00:00:00Z
 """
 
 
@@ -43,6 +47,15 @@ def add_simulate_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--restore-time", default="60s", metavar="DURATION",
                    help="how long a restore takes (default 60s)")
     p.add_argument("--start-hour", type=float, default=0.0, help="start this many hours into the traces (default 0)")
+    p.add_argument("--zone-price", action="append", default=[], metavar="ZONE=PRICE",
+                   help="a zone's own spot price in USD per hour (zones of several regions); ZONE is the trace's "
+                        "name up to its first '_' (us-east-1a for us-east-1a_v100_1.json); repeat per zone")
+    p.add_argument("--spot-history", action="append", default=[], metavar="FILE",
+                   help="spot price history, the JSON of `aws ec2 describe-spot-price-history`: each zone's price "
+                        "changes as it did (needs --trace-start); repeat for more regions")
+    p.add_argument("--trace-start", metavar="TIME",
+                   help="when the traces' first tick began (ISO 8601, e.g. 2023-02-15T00:00:00Z), to line the "
+                        "price histories up with them")
 
 
 def _positive(name: str, value: float, *, zero_ok: bool = False) -> float:
@@ -77,7 +90,40 @@ def run_simulation(args: argparse.Namespace) -> "SimulationReport":
                          f"({longest * gaps[0] / 3600:g} hours long)")
     return simulate(traces, job, deadline, on_demand_price=od, spot_price=spot, checkpoint_every_s=every,
                     checkpoint_s=parse_duration(args.checkpoint_time), restore_s=parse_duration(args.restore_time),
-                    start_tick=start_tick)
+                    start_tick=start_tick, zone_prices=zone_prices(args, traces, spot))
+
+
+def zone_prices(args: argparse.Namespace, traces: "list[Trace]", spot: float) -> list[list[float]]:
+    """Per trace, its zone's spot prices (--spot-history, then --zone-price); [] when none is given."""
+    from ferry.common.pricefeeds import load_feed, parse_time
+    from ferry.policy.simulate import price_series, zone_of
+
+    zones = {zone_of(tr.name) for tr in traces}
+    fixed: dict[str, float] = {}
+    for item in args.zone_price:
+        zone, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = -1.0
+        if not sep or not math.isfinite(price) or price < 0:
+            raise UsageError(f"--zone-price {item!r}: expected ZONE=PRICE, e.g. us-east-1a=0.92")
+        if zone not in zones:
+            raise UsageError(f"--zone-price {zone}: no trace of that zone (the traces' zones: "
+                             f"{', '.join(sorted(zones))})")
+        fixed[zone] = price
+    series: list[list[float]] = [[] for _ in traces]
+    if args.spot_history:
+        if not args.trace_start:
+            raise UsageError("--spot-history needs --trace-start: when the traces' first tick began")
+        start = parse_time(args.trace_start)
+        if start is None:
+            raise UsageError(f"--trace-start {args.trace_start!r}: expected ISO 8601, e.g. 2023-02-15T00:00:00Z")
+        points = [p for path in args.spot_history for p in load_feed(path)]
+        series = price_series(traces, points, start, spot)
+    if not fixed and not any(series):
+        return []
+    return [[fixed[zone_of(tr.name)]] if zone_of(tr.name) in fixed else s for tr, s in zip(traces, series, strict=True)]
 
 
 def report_dict(report: "SimulationReport") -> dict[str, Any]:
@@ -100,6 +146,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      r.moves, f"{r.lost_hours:.2f}", finished])
     print(f"{len(report.traces)} zone(s), {report.job_hours:g} h of work, deadline {report.deadline_hours:g} h, "
           f"from hour {report.start_hour:g} of the traces")
+    if len(set(report.zone_prices.values())) > 1:  # zones with their own prices: say them
+        print("mean spot prices (USD/h): " + ", ".join(f"{z} {p:.3f}" for z, p in report.zone_prices.items()))
     best = report.optimal
     if best is not None:
         for row in rows:

@@ -168,17 +168,26 @@ class _Search:
 
 
 def optimum(available: Sequence[Sequence[bool]], *, job_s: float, deadline_s: float, gap: float,
-            spot_price: float | Sequence[float], on_demand_price: float, checkpoint_s: float,
+            spot_price: float | Sequence[float | Sequence[float]], on_demand_price: float, checkpoint_s: float,
             restore_s: float) -> Optimum:
     """The cheapest schedule's cost. ``available[z][i]``: zone ``z`` has spot capacity in tick
     ``i`` of the job's time (tick 0 starts at its submission); ticks past a list's end have none.
-    ``spot_price``: one for every zone, or one per zone (regions with their own prices)."""
+    ``spot_price``: one for every zone, or one per zone (regions with their own prices), each a
+    price or a price per tick (a history; its last price holds past its end)."""
     zones = len(available)
-    prices = [float(spot_price)] * zones if isinstance(spot_price, int | float) else [float(p) for p in spot_price]
-    if len(prices) != zones:
-        raise ValueError(f"{len(prices)} spot prices for {zones} zones")
-    search = _Search([*prices, on_demand_price], job_s, deadline_s, gap, checkpoint_s, restore_s)
+    given: list[float | Sequence[float]] = ([float(spot_price)] * zones if isinstance(spot_price, int | float)
+                                            else list(spot_price))
+    if len(given) != zones:
+        raise ValueError(f"{len(given)} spot prices for {zones} zones")
+
+    def at(p: float | Sequence[float], i: int) -> float:
+        if isinstance(p, int | float):
+            return float(p)
+        return float(p[min(i, len(p) - 1)]) if len(p) else 0.0
+
+    search = _Search([*(at(p, 0) for p in given), on_demand_price], job_s, deadline_s, gap, checkpoint_s, restore_s)
     for i in range(math.ceil(deadline_s / gap - 1e-9)):
+        search.prices = [*(at(p, i) for p in given), on_demand_price]
         search.tick(i * gap, [i < len(a) and bool(a[i]) for a in available] + [True])
     full_od = job_s / HOUR * on_demand_price
     return Optimum(cost=round(search.best, 6), cost_ratio=round(search.best / full_od, 6) if full_od > 0 else 0.0,

@@ -23,6 +23,12 @@ The model (all times in seconds, prices in USD per hour, billing per second of h
   changeover of the Can't Be Late paper).
 - On-demand only runs straight through on on-demand.
 
+Prices: one spot price for every zone (``spot_price``), or each zone its own: a price per zone,
+or a price history (``zone_prices``: per zone, one price per tick from the traces' first tick,
+the last one holding after; built by ``price_series`` from EC2's spot price histories). Zones of
+several regions with their own prices are then one simulation: the policies see each zone's price
+at the time, the optimum knows them all ahead.
+
 Ferry's policy is the scheduler's own (``ferry.policy.decisions``): it waits for spot while its
 slack is above its reserve, sits out outages on on-demand below it, and is sent to on-demand for
 good only when the deadline is critical.
@@ -45,6 +51,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ferry.common.errors import UsageError
+from ferry.common.pricefeeds import PricePoint
 from ferry.policy import decisions as policy
 from ferry.policy.decisions import JobView, NodeView
 from ferry.policy.optimum import Optimum, optimum
@@ -150,6 +157,7 @@ class SimulationReport(BaseModel):
     policies: dict[str, PolicyResult]
     optimal: Optimum | None = None
     gap_to_optimal: dict[str, float] = {}  # policy -> its cost over the optimum's, less one
+    zone_prices: dict[str, float] = {}  # per zone: its mean spot price (USD/h) from the start to the deadline
 
     def saving_vs(self, baseline: str, policy_name: str = "ferry") -> float:
         """The fraction of `baseline`'s cost that `policy_name` saves (negative: it costs more)."""
@@ -168,6 +176,14 @@ class Model:
     checkpoint_s: float
     restore_s: float
     zones: tuple[str, ...] = ()  # one distinct node id per trace
+    zone_prices: tuple[tuple[float, ...], ...] = ()  # per zone: its spot price per tick (empty: spot_price)
+
+    def spot_at(self, zone: int, tick: int) -> float:
+        """Zone `zone`'s spot price in trace tick `tick`."""
+        series = self.zone_prices[zone] if zone < len(self.zone_prices) else ()
+        if not series:
+            return self.spot_price
+        return series[min(max(tick, 0), len(series) - 1)]
 
     @property
     def move_s(self) -> float:
@@ -201,9 +217,12 @@ class _Run:
     moves: int = 0
     last_move_at: float | None = None
     finished_at: float | None = None
+    tick: int = 0  # the trace tick the policy's loop is in (zones' prices change with it)
 
     def price(self, node: int | None) -> float:
-        return self.model.on_demand_price if node == -1 else self.model.spot_price
+        if node is None:
+            return 0.0
+        return self.model.on_demand_price if node == -1 else self.model.spot_at(node, self.tick)
 
     def place(self, node: int, now: float) -> None:
         """Starts, resumes or moves the job onto `node`."""
@@ -295,13 +314,15 @@ def _uniform_progress(traces: Sequence[Trace], model: Model, start: int) -> Poli
     switched = False
     for i in range(model.max_ticks):
         now, tick = i * model.gap, start + i
+        run.tick = tick
         if run.node is not None and run.node >= 0 and not traces[run.node].available(tick):
             run.preempt()
         if not switched and model.deadline_s - now - model.gap < model.job_s + model.move_s:
             switched = True
             run.place(-1, now)
         elif run.node is None and not switched:
-            zone = next((z for z, tr in enumerate(traces) if tr.available(tick)), None)
+            up = [z for z, tr in enumerate(traces) if tr.available(tick)]
+            zone = min(up, key=lambda z: model.spot_at(z, tick)) if up else None  # the cheapest, first on ties
             if zone is not None:
                 run.progress = run.saved = 0.0
                 run.place(zone, now)
@@ -314,10 +335,10 @@ def _uniform_progress(traces: Sequence[Trace], model: Model, start: int) -> Poli
 def _node_views(traces: Sequence[Trace], model: Model, tick: int) -> list[NodeView]:
     views = [NodeView(id=ON_DEMAND, spot=False, price_per_hour=model.on_demand_price, zone=ON_DEMAND,
                       gpus=1, free_gpus=1)]
-    for zone, tr in zip(model.zones, traces, strict=True):
+    for z, (zone, tr) in enumerate(zip(model.zones, traces, strict=True)):
         seen = min(tick, len(tr.data) - 1)  # what an observer has seen of the zone so far
         usable = tr.available(tick)
-        views.append(NodeView(id=zone, spot=True, price_per_hour=model.spot_price, zone=zone, gpus=1, free_gpus=1,
+        views.append(NodeView(id=zone, spot=True, price_per_hour=model.spot_at(z, tick), zone=zone, gpus=1, free_gpus=1,
                               preemptions=tr.preemptions[seen], uptime_s=tr.up_ticks[seen] * model.gap,
                               usable=usable, reason="" if usable else "no spot capacity"))
     return views
@@ -368,6 +389,7 @@ def _ferry(traces: Sequence[Trace], model: Model, start: int) -> PolicyResult:
     before = [tr.available(start - 1) for tr in traces]
     for i in range(model.max_ticks):
         now, tick = i * model.gap, start + i
+        run.tick = tick
         avail = [tr.available(tick) for tr in traces]
         if run.node is not None and run.node >= 0 and not avail[run.node]:
             run.preempt()
@@ -386,7 +408,8 @@ def _ferry(traces: Sequence[Trace], model: Model, start: int) -> PolicyResult:
 
 def simulate(traces: Sequence[Trace], job_hours: float, deadline_hours: float, *, on_demand_price: float = 3.06,
              spot_price: float = 0.92, checkpoint_every_s: float = 600.0, checkpoint_s: float = 30.0,
-             restore_s: float = 60.0, start_tick: int = 0, optimal: bool = True) -> SimulationReport:
+             restore_s: float = 60.0, start_tick: int = 0, optimal: bool = True,
+             zone_prices: Sequence[Sequence[float]] = ()) -> SimulationReport:
     """Runs the job under Ferry's policy, on-demand only and Uniform Progress over `traces` (one zone
     each), from tick `start_tick` of the traces, and (``optimal``) finds the omniscient bound. Ticks
     past a trace's end count as no spot capacity."""
@@ -402,19 +425,63 @@ def simulate(traces: Sequence[Trace], job_hours: float, deadline_hours: float, *
         raise UsageError("checkpoint interval must be > 0; times and prices must not be negative")
     if not 0 <= start_tick < max(len(tr.data) for tr in traces):
         raise UsageError(f"start tick {start_tick} is outside the traces")
+    if zone_prices and len(zone_prices) != len(traces):
+        raise UsageError(f"{len(zone_prices)} zone price series for {len(traces)} traces")
+    if any(p < 0 or not math.isfinite(p) for series in zone_prices for p in series):
+        raise UsageError("zone prices must be numbers >= 0")
     model = Model(job_hours * policy.HOUR, deadline_hours * policy.HOUR, gaps.pop(), on_demand_price, spot_price,
-                  checkpoint_every_s, checkpoint_s, restore_s, _zone_ids(traces))
+                  checkpoint_every_s, checkpoint_s, restore_s, _zone_ids(traces),
+                  tuple(tuple(float(p) for p in series) for series in zone_prices))
     results = {"ferry": _ferry(traces, model, start_tick), "on_demand": _on_demand(model),
                "uniform_progress": _uniform_progress(traces, model, start_tick)}
     best = None
     gaps_to: dict[str, float] = {}
+    window = max(1, math.ceil(model.deadline_s / model.gap))
     if optimal:
         ticks = math.ceil(model.deadline_s / model.gap) + 1
+        prices = [[model.spot_at(z, start_tick + i) for i in range(ticks)] for z in range(len(traces))]
         best = optimum([[tr.available(start_tick + i) for i in range(ticks)] for tr in traces], job_s=model.job_s,
-                       deadline_s=model.deadline_s, gap=model.gap, spot_price=spot_price,
+                       deadline_s=model.deadline_s, gap=model.gap, spot_price=prices,
                        on_demand_price=on_demand_price, checkpoint_s=checkpoint_s, restore_s=restore_s)
         gaps_to = {name: round(r.cost / best.cost - 1, 6) if best.cost > 0 else 0.0 for name, r in results.items()}
     return SimulationReport(traces=list(model.zones), gap_seconds=model.gap,
                             start_hour=start_tick * model.gap / policy.HOUR, job_hours=job_hours,
                             deadline_hours=deadline_hours, on_demand_price=on_demand_price, spot_price=spot_price,
-                            policies=results, optimal=best, gap_to_optimal=gaps_to)
+                            policies=results, optimal=best, gap_to_optimal=gaps_to,
+                            zone_prices={z: round(sum(model.spot_at(i, start_tick + t) for t in range(window))
+                                                  / window, 6) for i, z in enumerate(model.zones)})
+
+
+def price_series(traces: Sequence[Trace], points: Sequence[PricePoint], start_epoch: float,
+                 default: float) -> list[list[float]]:
+    """Per trace, its zone's spot price in each of its ticks, from spot price history points
+    (``ferry.common.pricefeeds``: EC2's ``describe-spot-price-history``), the traces' first tick
+    being at ``start_epoch``: in each tick the last price set at or before its start (before the
+    first one, the first). A trace's zone is its name up to the first ``_`` (``us-east-1a_v100_1``);
+    a zone without points keeps ``default`` (an empty series)."""
+    by_zone: dict[str, list[PricePoint]] = {}
+    for p in points:
+        if p.market == "spot":
+            by_zone.setdefault(p.zone, []).append(p)
+    out: list[list[float]] = []
+    for tr in traces:
+        mine = sorted(by_zone.get(zone_of(tr.name), []), key=lambda p: p.timestamp)
+        kinds = {p.instance_type for p in mine}
+        if len(kinds) > 1:
+            raise UsageError(f"the price history of {zone_of(tr.name)} has several instance types "
+                             f"({', '.join(sorted(kinds))}): give one type's history")
+        if not mine:
+            out.append([])
+            continue
+        series, j = [], 0
+        for tick in range(len(tr.data)):
+            at = start_epoch + tick * tr.gap_seconds
+            while j + 1 < len(mine) and mine[j + 1].timestamp <= at:
+                j += 1
+            series.append(mine[j].price_per_hour)
+        out.append(series)
+    return out
+
+
+def zone_of(trace_name: str) -> str:
+    return trace_name.split("_", 1)[0]

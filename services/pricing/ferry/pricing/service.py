@@ -1,5 +1,5 @@
 """The pricing service: ingests price feeds (AWS spot price history JSON, catalog CSVs, an on-prem
-cost YAML: see ferry.pricing.feeds), keeps the latest price per zone, instance type and market in KV
+cost YAML: see ferry.common.pricefeeds), keeps the latest price per zone, instance type and market in KV
 (`ferry_prices`, read by the API and the scheduler) and publishes a price event for every change.
 Feeds are files named by FERRY_PRICE_FEEDS (comma-separated); a file that changes is read again.
 A malformed feed is refused with the file and the line or field named, and the last good prices stay.
@@ -14,8 +14,8 @@ from pathlib import Path
 from ferry.common import wire
 from ferry.common.errors import FerryError
 from ferry.common.models import Event, PriceRecord
+from ferry.common.pricefeeds import PriceBook, PricePoint, load_feed
 from ferry.common.service import Service, service_main
-from ferry.pricing.feeds import PriceBook, PricePoint, load_feed
 
 log = logging.getLogger(__name__)
 _KEY_SAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -121,7 +121,8 @@ def _price(value: Any) -> float | None:
     return float(number)
 
 
-def _timestamp(value: Any) -> float | None:
+def parse_time(value: Any) -> float | None:
+    """Epoch seconds of an ISO 8601 time (UTC when it has no offset); None when it is not one."""
     if not isinstance(value, str) or not value.strip():
         return None
     try:
@@ -168,7 +169,7 @@ def parse_spot_history(text: str, source: str) -> list[PricePoint]:
             raise UsageError(f"{where}.SpotPrice: {item['SpotPrice']!r} is not a price")
         if "Timestamp" not in item:
             raise UsageError(f"{where}.Timestamp: missing")
-        when = _timestamp(item["Timestamp"])
+        when = parse_time(item["Timestamp"])
         if when is None:
             raise UsageError(f"{where}.Timestamp: {item['Timestamp']!r} is not an ISO 8601 time")
         zone = fields["AvailabilityZone"]
