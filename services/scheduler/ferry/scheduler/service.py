@@ -37,7 +37,7 @@ from ferry.policy import admission, gangs
 from ferry.policy import decisions as policy
 from ferry.policy.netplan import published_conflict, with_job_network
 from ferry.policy.placement import LATE_HEARTBEAT
-from ferry.policy.views import gpu_assignments, job_view, node_views, wants_live
+from ferry.policy.views import ViewCache, gpu_assignments, job_view, wants_live
 from ferry.scheduler.control import ControlLoop
 from ferry.scheduler.effects import Effects
 from ferry.scheduler.ops import checkpoint, gang, live_move, restore, run
@@ -59,6 +59,7 @@ class Scheduler(Service):
     async def start(self) -> None:
         bus = await self.connect()
         self.state = ClusterState(bus)
+        self.view_cache = ViewCache()  # node views between placements (ferry.policy.views)
         self.effects = Effects(self.state)
         self.control = ControlLoop(self.state, self.settings, self)
         await self.state.start()
@@ -210,8 +211,8 @@ class Scheduler(Service):
         or None with the reason why none can. For a GPU job it also assigns the GPUs there."""
         t = now()
         others = [j for j in self.state.live_jobs() if j.id != job.id]
-        nodes = await self.state.nodes()
-        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
+        nodes = self.state.node_records()
+        views = self.view_cache.views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
         if job.network == Network.BRIDGE:
             views = with_job_network(views, nodes)
         gpu_fit = gpu_assignments(job, nodes, others)
@@ -336,8 +337,8 @@ class Scheduler(Service):
         t = now()
         others = [j for j in self.state.live_jobs() if j.id != job.id and j.id not in (moving or set())]
         others += placed
-        nodes = await self.state.nodes()
-        views = node_views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
+        nodes = self.state.node_records()
+        views = self.view_cache.views(nodes, others, t, self.settings.heartbeat_timeout_s, await self.state.prices())
         if job.network == Network.BRIDGE:
             views = with_job_network(views, nodes)
         candidates = [v for v in views if v.usable and v.id not in exclude]

@@ -70,6 +70,10 @@ class ClusterState:
     async def nodes(self) -> list[Node]:
         return self._nodes.values()
 
+    def node_records(self) -> list[Node]:
+        """The node records themselves (no copies; a changed node is another object): to read only."""
+        return self._nodes.view()
+
     def find_node(self, node_id: str) -> Node | None:
         return self._nodes.get(node_id)
 
