@@ -6,7 +6,8 @@
   (p50, p90), and the CPU seconds each service used for them;
 - **spread**: where the jobs ran (equal nodes should share equal work);
 - **listing**: ``ferry ps -a -o json`` and ``ferry nodes -o json`` with every job finished;
-- **supervisor**: what one running job's supervisor (its shim) costs: PSS and CPU to start;
+- **supervisor**: what one running job's supervisor (its monitor, forked from the node's shim
+  zygote) costs: PSS and CPU to start;
 - **placement**: one placement decision (the node views from the records, then the choice) at
   10,000 jobs, 2,000 of them running, on 1,000 nodes, in this process.
 
@@ -16,7 +17,8 @@
 from __future__ import annotations
 
 import argparse
-import resource
+import contextlib
+import json
 import statistics
 import subprocess
 import sys
@@ -136,34 +138,41 @@ def timed_cli(cluster: Cluster, *args: str, repeat: int = 5) -> list[float]:
 
 
 def supervisor(cluster: Cluster, count: int = 5) -> dict[str, Any]:
-    """PSS and CPU of the shims of ``count`` sleeping jobs."""
-    assert cluster.proc is not None
+    """What the supervisors (monitors) of ``count`` sleeping jobs cost: each one's PSS, and the CPU
+    to start one: its starter's (a fork of the node's zygote, ``ferry.criu.zygote``, reaped by the
+    zygote, so read from the zygote's children counters) and the monitor's own since its fork."""
+    zygotes = [p for p in psutil.process_iter(["cmdline"])
+               if "ferry.criu.zygote_server" in " ".join(p.info["cmdline"] or [])
+               and str(cluster.data_dir) in " ".join(p.info["cmdline"] or [])]
+    assert zygotes, "no shim zygote runs on the cluster's nodes"
+
+    def reaped() -> float:
+        return sum(z.cpu_times().children_user + z.cpu_times().children_system for z in zygotes)
+
+    before = reaped()
     for i in range(count):
         cluster.ferry("run", "--name", f"sup-{i}", "--", "sleep", "600")
-    shims: list[psutil.Process] = []
+    monitors: list[psutil.Process] = []
 
-    def found() -> bool:  # the shims run in sessions of their own, so not under `ferry up`
-        shims[:] = []
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "ferry.criu.shim" in cmd and str(cluster.data_dir) in cmd:  # the other jobs have ended
-                shims.append(p)
-        return len(shims) >= count
+    def found() -> bool:
+        monitors[:] = []
+        for shim_json in Path(cluster.data_dir).glob("nodes/*/jobs/*/shim.json"):
+            with contextlib.suppress(OSError, ValueError, psutil.Error):
+                info = json.loads(shim_json.read_text())
+                if not (shim_json.parent / "exit.json").exists():
+                    monitors.append(psutil.Process(info["shim_pid"]))
+        return len(monitors) >= count
 
-    wait_for(found, 60, "the shims of the sleeping jobs")
+    wait_for(found, 60, "the monitors of the sleeping jobs")
     time.sleep(1)
-    pss = [p.memory_full_info().pss / 2**20 for p in shims]
+    pss = [p.memory_full_info().pss / 2**20 for p in monitors]
+    own = [(t.user + t.system) * 1000 for t in (p.cpu_times() for p in monitors)]
+    starters = (reaped() - before) * 1000 / count
     for i in range(count):
         cluster.ferry("kill", f"sup-{i}")
-    # its start: the interpreter and the shim's imports (the running shim is a fork whose own CPU
-    # counters began after them, so they are measured as a child of this process)
-    cpu = []
-    for _ in range(count):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-c", "import ferry.criu.shim"], check=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000)
-    return {"pss_mib": [round(x, 1) for x in pss], "cpu_ms": [round(x) for x in cpu]}
+    cpu = [x + starters for x in own]
+    return {"pss_mib": [round(x, 1) for x in pss], "cpu_ms": [round(x) for x in cpu],
+            "starter_cpu_ms": round(starters, 1), "monitor_cpu_ms": [round(x) for x in own]}
 
 
 def placement(repeat: int = 20) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def test_a_caller_takes_only_the_offer_for_its_job_above_the_incarnation_it_saw(
 def test_ferry_processes_are_known_by_their_command_line() -> None:
     assert is_ferry_process(["/opt/ferry/.venv/bin/python", "-m", "ferry.criu.shim", "launch"])
     assert is_ferry_process(["/usr/bin/python3", "-m", "ferry.checkpointer"])
+    # a job's monitor forked by the node's zygote (ferry.criu.zygote) is Ferry's too
+    assert is_ferry_process(["/usr/bin/python3", "-m", "ferry.criu.zygote_server", "--socket", "/x/zygote.sock"])
     assert is_ferry_process(["/opt/ferry/.venv/bin/ferry", "up"])
     assert not is_ferry_process(["python", "train.py", "--ferry"])
     assert not is_ferry_process(["/usr/bin/sleep", "100"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,8 +26,11 @@ from ferry.criu.handoff import FOREGROUND_FLAG, Handoff, offer
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.runner import RESTORE_LOG
 from ferry.criu.veth import JobLink
+from ferry.criu.zygote import ZygoteClient
 
 __all__ = ["adopt", "launch", "restore"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 120.0
 HERE_CGROUPS = "--manage-cgroups=ignore"
@@ -51,6 +55,7 @@ async def launch(
     here: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    zygote: ZygoteClient | None = None,
 ) -> ShimInfo:
     """Start ``argv`` as PID 1 of a new PID namespace under a detached shim (``here``, the job's
     name: under a shim that the job's ``--here`` caller runs in its foreground, ``ferry.criu.handoff``).
@@ -83,7 +88,7 @@ async def launch(
         cmd += ["--", *argv]
         if here:
             return await _hand_off(job_dir, here, cmd, "launch", incarnation, timeout_s, LaunchFailed, log_path=None)
-        return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
+        return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None, zygote=zygote)
     finally:
         env_file.unlink(missing_ok=True)
 
@@ -95,13 +100,14 @@ async def adopt(
     incarnation: int,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    zygote: ZygoteClient | None = None,
 ) -> ShimInfo:
     """Watch the running process ``pid`` (``ferry adopt``) under a detached shim, which records its
     end in the job directory as for any workload. Raises LaunchFailed."""
     job_dir.create()
     cmd = [python, "-m", "ferry.criu.shim", "adopt", "--job-dir", str(job_dir.path), "--incarnation",
            str(incarnation), "--pid", str(pid)]
-    return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None)
+    return await _start(job_dir, cmd, timeout_s, LaunchFailed, log_path=None, zygote=zygote)
 
 
 async def restore(
@@ -145,6 +151,8 @@ async def restore(
     if here:
         return await _hand_off(job_dir, here, cmd, "restore", incarnation, timeout_s, RestoreFailed,
                                log_path=log_path)
+    # a new interpreter, never the zygote: a node service that restarts finds a restore still under
+    # way by its command line (ferry.node.procs.restores_of), so that a job never runs twice
     return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=log_path)
 
 
@@ -192,7 +200,35 @@ async def _start(
     error: type[CriuError],
     *,
     log_path: str | None,
+    zygote: ZygoteClient | None = None,
 ) -> ShimInfo:
+    code, out, err = await _run_starter(job_dir, cmd, timeout_s, error, zygote)
+    lines = err.decode(errors="replace").splitlines()
+    if code != 0:
+        first = lines[0].removeprefix("ferry-shim: ") if lines else f"the shim exited with {code}"
+        raise error(first, log_excerpt=lines[1:], log_path=log_path)
+    try:
+        reply = _StarterReply.model_validate_json(out.strip().splitlines()[-1])
+    except (ValidationError, IndexError) as exc:
+        raise error(f"the shim answered {out[:200]!r}; see {job_dir.shim_log}") from exc
+    info = job_dir.read_shim()
+    if info is None or info.pid != reply.pid or info.shim_pid != reply.shim_pid:
+        raise error(f"the shim reported pid {reply.pid} but {job_dir.shim_file} says {info}")
+    return info
+
+
+async def _run_starter(job_dir: JobDir, cmd: list[str], timeout_s: float, error: type[CriuError],
+                       zygote: ZygoteClient | None) -> tuple[int, bytes, bytes]:
+    """The shim's starter: forked by the node's zygote when it runs (``ferry.criu.zygote``), else
+    a new ``python -m ferry.criu.shim``. (exit code, stdout, stderr); killed after ``timeout_s``
+    or when the caller is cancelled."""
+    if zygote is not None and zygote.available():
+        try:
+            return await zygote.run(cmd[3:], timeout_s)
+        except TimeoutError:
+            raise error(f"the shim did not report within {timeout_s:.0f} s; see {job_dir.shim_log}") from None
+        except OSError as exc:
+            log.warning("the shim zygote at %s did not answer (%s): starting the shim itself", zygote.path, exc)
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -208,15 +244,4 @@ async def _start(
             proc.kill()
             await proc.wait()
         raise
-    lines = err.decode(errors="replace").splitlines()
-    if proc.returncode != 0:
-        first = lines[0].removeprefix("ferry-shim: ") if lines else f"the shim exited with {proc.returncode}"
-        raise error(first, log_excerpt=lines[1:], log_path=log_path)
-    try:
-        reply = _StarterReply.model_validate_json(out.strip().splitlines()[-1])
-    except (ValidationError, IndexError) as exc:
-        raise error(f"the shim answered {out[:200]!r}; see {job_dir.shim_log}") from exc
-    info = job_dir.read_shim()
-    if info is None or info.pid != reply.pid or info.shim_pid != reply.shim_pid:
-        raise error(f"the shim reported pid {reply.pid} but {job_dir.shim_file} says {info}")
-    return info
+    return proc.returncode if proc.returncode is not None else 1, out, err

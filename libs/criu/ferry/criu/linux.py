@@ -186,6 +186,7 @@ def private_dev(staging: str) -> None:
 
 IO_URING_SYSCALLS = (425, 426, 427)  # io_uring_setup, _enter, _register: the same number on every arch
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+PR_SET_PDEATHSIG = 1
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 
@@ -260,6 +261,12 @@ def isolate_network() -> None:
         got = fcntl.ioctl(s, siocgifflags, struct.pack("16sH14s", b"lo", 0, b""))
         flags = struct.unpack("16sH14s", got)[1]
         fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """prctl(PR_SET_PDEATHSIG): this process gets `signum` when the thread that forked it ends."""
+    _check(_libc().prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signum), ctypes.c_ulong(0),
+                         ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl(PR_SET_PDEATHSIG)")
 
 
 def set_child_subreaper() -> None:

@@ -22,8 +22,9 @@ from ferry.criu.linux import ns_pids
 
 __all__ = ["adopt_problem", "cgroup_problem", "is_ferry_process", "stdio_pipes"]
 
-_FERRY_MODULES = ("ferry.criu.shim", "ferry.scheduler", "ferry.checkpointer", "ferry.migrator", "ferry.health",
-                  "ferry.pricing", "ferry.api", "ferry.cli", "ferry.sim")
+_FERRY_MODULES = ("ferry.criu.shim", "ferry.criu.zygote_server", "ferry.scheduler", "ferry.checkpointer",
+                  "ferry.migrator", "ferry.health", "ferry.pricing", "ferry.autoscaler", "ferry.api", "ferry.cli",
+                  "ferry.sim")
 
 
 def is_ferry_process(argv: list[str]) -> bool:

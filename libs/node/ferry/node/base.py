@@ -21,6 +21,7 @@ from ferry.common.service import Service
 from ferry.common.tracing import extract, tracer
 from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import tls_args
+from ferry.criu.zygote import ZygoteClient
 from ferry.sim.faults import FaultHook
 from ferry.store.url import open_store
 
@@ -53,6 +54,9 @@ class NodeService(Service):
         self.store = open_store(self.settings.resolved_store_url(), self.settings.resolved_store_key_file())
         self.job_locks: dict[str, asyncio.Lock] = {}
         self.faults = FaultHook()  # the one place fault points ask (tests, `ferry chaos fail-live`)
+        # the shim's zygote, which the checkpointer runs (ferry.criu.zygote): launches and restores
+        # fork from it; without it they start a new interpreter
+        self.zygote = ZygoteClient(self.work_dir / "zygote.sock")
         await self.connect()
 
     async def on_command(self, msg: Msg) -> None:

@@ -36,6 +36,7 @@ from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import adopt, launch
 from ferry.criu.lazy_common import ensure_pipe_limits
 from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.zygote import ZygoteProcess
 from ferry.gpu.models import GpuInfo, GpuReport
 from ferry.gpu.monitor import GpuMonitor
 from ferry.gpu.nvml import Nvml, RealNvml
@@ -71,6 +72,11 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         await super().start()
         self.settled = SettledDirs(self.jobs_dir)  # the folders of jobs that ended: skipped by the scans
         self.criu = CriuRunner(self.settings.criu_bin)
+        self.zygote_proc = ZygoteProcess(self.zygote.path)
+        try:
+            self.zygote_proc.start()  # from this thread: the zygote ends when the thread that started it does
+        except OSError as exc:  # launches still work, each with an interpreter of its own
+            log.warning("%s; jobs start without it", exc)
         # post-copy (live moves) needs bigger pipes than the kernel's default allows
         self.lazy_pages_problem = (await asyncio.to_thread(ensure_pipe_limits) if self.settings.postcopy
                                    else "post-copy is turned off here (FERRY_POSTCOPY=0)")
@@ -182,6 +188,11 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             if shim and jd.read_exit() is None and alive(shim.pid):
                 out[d.name] = shim
         return out
+
+    async def close(self) -> None:
+        if hasattr(self, "zygote_proc"):  # the jobs it forked go on: their monitors are detached
+            await asyncio.to_thread(self.zygote_proc.stop)
+        await super().close()
 
     def make_gpu_monitor(self) -> GpuMonitor:
         """NVML through nvidia-ml-py; a node without the driver simply has no GPUs."""
@@ -405,7 +416,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation,
                                 hide=hidden_from_jobs(self.settings, self.scratch_dir), network=job.network.value,
                                 link=job_link(job, self.settings.job_network, self.settings.node_netns),
-                                container=job.container, here=job.name if job.here else None)
+                                container=job.container, here=job.name if job.here else None, zygote=self.zygote)
         except (LaunchFailed, SealError, ConfigError, UsageError, OSError, ValueError) as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))
@@ -423,7 +434,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         try:
             if problem is not None:
                 raise LaunchFailed(problem)
-            info = await adopt(jd, job.adopt_pid, incarnation=cmd.incarnation)
+            info = await adopt(jd, job.adopt_pid, incarnation=cmd.incarnation, zygote=self.zygote)
         except LaunchFailed as exc:
             await self.report(wire.NodeEvent(kind="launch_failed", node=self.node_id, job=job.id,
                                              incarnation=cmd.incarnation, op=cmd.op, error=str(exc)))

@@ -1,0 +1,68 @@
+"""The shim's zygote (ferry.criu.zygote): a launch through it runs the workload exactly as a
+launch through a new interpreter does (environment, stdio, no descriptor leaked, the exit
+recorded), refusals come back the same way, the job outlives the zygote, and without a zygote the shim is
+started as before."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.criu.errors import LaunchFailed
+from ferry.criu.jobdir import JobDir
+from ferry.criu.launch import launch
+from ferry.criu.linux import is_gone
+from ferry.criu.zygote import ZygoteClient, ZygoteProcess
+from tests.integration.criu_helpers import ENV, wait_exit, wait_for
+
+pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def zygote(tmp_path: Path) -> Iterator[tuple[ZygoteProcess, ZygoteClient]]:
+    proc = ZygoteProcess(tmp_path / "zygote.sock")
+    proc.start()
+    yield proc, ZygoteClient(proc.path)
+    proc.stop()
+
+
+async def test_a_launch_through_the_zygote_is_a_launch(tmp_path: Path,
+                                                       zygote: tuple[ZygoteProcess, ZygoteClient]) -> None:
+    proc, client = zygote
+    assert oct(proc.path.stat().st_mode & 0o777) == "0o600"
+    job = JobDir(tmp_path / "job")
+    script = 'env | sort; ls -l /proc/self/fd/ | grep -c -- "->"; read x || echo eof; echo oops >&2; exit 3'
+    info = await launch(job, ["sh", "-c", script], cwd=tmp_path, env={**ENV, "FOO": "a b"}, incarnation=2,
+                        zygote=client)
+    assert proc.proc is not None
+    # forked by the zygote, then detached: neither the zygote nor us is its parent
+    assert info.shim_pid != proc.proc.pid and os.getsid(info.shim_pid) != os.getsid(proc.proc.pid)
+    ended = await wait_exit(job)
+    assert (ended.code, ended.incarnation) == (3, 2)
+    lines = job.stdout.read_text().splitlines()
+    assert [line for line in lines if "=" in line and not line.startswith("PWD=")] == ["FOO=a b", "PATH=/usr/bin:/bin"]
+    assert "4" in lines and "eof" in lines  # 0, 1, 2 and ls's own: no descriptor of the zygote's leaked
+    assert job.stderr.read_text() == "oops\n"
+
+
+async def test_refusals_come_back_and_the_job_outlives_the_zygote(
+        tmp_path: Path, zygote: tuple[ZygoteProcess, ZygoteClient]) -> None:
+    proc, client = zygote
+    with pytest.raises(LaunchFailed, match="no-such-command"):
+        await launch(JobDir(tmp_path / "bad"), ["no-such-command"], cwd=None, env=ENV, incarnation=1, zygote=client)
+    job = JobDir(tmp_path / "job")
+    info = await launch(job, ["sh", "-c", "echo up; sleep 2; echo done"], cwd=None, env=ENV, incarnation=1,
+                        zygote=client)
+    assert proc.proc is not None
+    os.kill(proc.proc.pid, signal.SIGKILL)  # the zygote dies: the job and its monitor do not
+    proc.proc.wait()
+    assert (await wait_exit(job)).code == 0 and job.stdout.read_text() == "up\ndone\n"
+    await wait_for("the monitor to exit", lambda: is_gone(info.shim_pid))
+    # the socket is left behind by a killed zygote: the next launch starts the shim itself
+    again = JobDir(tmp_path / "again")
+    await launch(again, ["sh", "-c", "echo fallback"], cwd=None, env=ENV, incarnation=1, zygote=client)
+    assert (await wait_exit(again)).code == 0 and again.stdout.read_text() == "fallback\n"
