@@ -173,7 +173,8 @@ def supervisor(cluster: Cluster, count: int = 5) -> dict[str, Any]:
         cluster.ferry("kill", f"sup-{i}")
     cpu = [x + starters for x in own]
     return {"pss_mib": [round(x, 1) for x in pss], "uss_mib": [round(x, 1) for x in uss],
-            "cpu_ms": [round(x) for x in cpu], "starter_cpu_ms": round(starters, 1), "monitor_cpu_ms": [round(x) for x in own]}
+            "cpu_ms": [round(x) for x in cpu], "starter_cpu_ms": round(starters, 1),
+            "monitor_cpu_ms": [round(x) for x in own]}
 
 
 def placement(repeat: int = 20) -> dict[str, Any]:
