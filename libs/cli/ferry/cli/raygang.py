@@ -31,6 +31,7 @@ from ferry.v1 import ferry_pb2 as pb
 
 HEAD_PORT = 6379
 START_WAIT_S = 300.0
+STARTED = b"Ray runtime started"  # what `ray start` prints once its node runs
 
 
 def ray_binary(given: str | None) -> str:
@@ -87,6 +88,21 @@ def _wait_running(client: Client, job: pb.Job) -> pb.Job:
         time.sleep(0.5)
 
 
+def _wait_started(client: Client, job: pb.Job) -> pb.Job:
+    """Waits until the member's `ray start` says its node runs (its stdout), or fails."""
+    deadline = time.monotonic() + START_WAIT_S
+    while True:
+        out = b"".join(c.data for c in client.stream(client.stub.ReadLogs, pb.ReadLogsRequest(job=job.id,
+                                                                                             stream="stdout")))
+        if STARTED in out:
+            return job
+        state = client.call(client.stub.GetJob, pb.JobRef(job=job.id)).state
+        if state in ("failed", "killed", "succeeded") or time.monotonic() > deadline:
+            raise UsageError(f"Ray member {job.name} did not join ({state}); `ferry logs {job.name} --stream stderr` "
+                             "says why")
+        time.sleep(0.5)
+
+
 def cmd_ray_up(client: Client, args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise UsageError("--workers: give 0 or more")
@@ -100,7 +116,9 @@ def cmd_ray_up(client: Client, args: argparse.Namespace) -> int:
     head = _wait_running(client, _submit(client, head_fields))
     members = [head]
     for fields in member_requests(args, head.address, nodes):
-        members.append(_wait_running(client, _submit(client, fields)))  # one raylet starting at a time
+        # one raylet starting at a time: on one machine (the nodes of `ferry up`) two that start
+        # at once can pick the same socket names in the session folder the head chose
+        members.append(_wait_started(client, _wait_running(client, _submit(client, fields))))
     address = f"{head.address}:{HEAD_PORT}"
     if getattr(args, "output", "text") == "json":
         print_json({"gang": args.name, "address": address, "members": [job_dict(j) for j in members]})
