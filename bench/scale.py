@@ -224,8 +224,8 @@ def report(r: dict[str, Any]) -> str:
         f"| a job's supervisor: private memory (USS, MiB: what one more job adds) | "
         f"{', '.join(map(str, r['supervisor']['uss_mib']))} | <= 5 | "
         f"{'yes' if median(r['supervisor']['uss_mib']) <= 5 else '**no**'} |",
-        f"| ... its PSS (MiB: the zygote's shared pages split among the node's {len(r['supervisor']['pss_mib'])} "
-        f"and the zygote) | {', '.join(map(str, r['supervisor']['pss_mib']))} | - | - |",
+        f"| ... its PSS (MiB: the zygote's shared pages split among the jobs on its node and the zygote) | "
+        f"{', '.join(map(str, r['supervisor']['pss_mib']))} | - | - |",
         f"| ... CPU to start: the starter forked from the zygote, and the monitor (ms) | "
         f"{', '.join(map(str, r['supervisor']['cpu_ms']))} | <= 20 | "
         f"{'yes' if median(r['supervisor']['cpu_ms']) <= 20 else '**no**'} |",
