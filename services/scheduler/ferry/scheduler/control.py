@@ -273,7 +273,7 @@ class ControlLoop:
         if wanted is not None and wanted[0] > capacity:
             bigger = job.model_copy(update={"gpu_memory_bytes": wanted[0], "gpu_uuids": []})
             others = [j for j in self.state.live_jobs() if j.id != job.id]
-            where = gpu_assignments(bigger, await self.state.nodes(), others)
+            where = gpu_assignments(bigger, self.state.node_records(), others)  # read only: no copies
             fitting = [v for v in views if isinstance(where.get(v.id), list)]
         return rightsize.decide_gpu(job_view(job, t), job.gpu_memory_bytes, usage.gpu_memory_bytes,
                                     usage.peak_gpu_memory_bytes, capacity, node.id, fitting, t)
