@@ -135,7 +135,11 @@ class NodeNetwork:
                 return problem
             gw = f"{gateway(self.cidr)}/{self.range.prefixlen}"
             if self._run("ip", "link", "show", BRIDGE, check=False).strip() == "":
-                self._run("ip", "link", "add", BRIDGE, "type", "bridge")
+                try:
+                    self._run("ip", "link", "add", BRIDGE, "type", "bridge")
+                except CommandFailed as exc:  # another node's service in this namespace made it meanwhile
+                    if "File exists" not in str(exc):
+                        raise
             self._run("ip", "link", "set", BRIDGE, "address", GATEWAY_MAC)
             self._run("ip", "addr", "replace", gw, "dev", BRIDGE)
             self._run("ip", "link", "set", BRIDGE, "up")
