@@ -7,6 +7,7 @@ a bigger one. Real CLI, cluster, CRIU."""
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,7 +101,7 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
 
 
 GROWING = """
-import random, sys, time, zlib
+import os, random, sys, time, zlib
 chunks, crc = [], 0
 for i in range(int(sys.argv[1])):  # grows by 64 MiB a step
     chunk = bytearray(random.Random(i).randbytes(64 << 20))
@@ -108,6 +109,8 @@ for i in range(int(sys.argv[1])):  # grows by 64 MiB a step
     crc = zlib.crc32(chunk, crc)
     print("grow", i, crc, flush=True)
     time.sleep(0.5)
+while not os.path.exists(sys.argv[3]):  # until the test has seen it move (however slow the machine)
+    time.sleep(0.2)
 for r in range(int(sys.argv[2])):  # then holds it, rewriting a little each round
     c = chunks[r % len(chunks)]
     c[:1 << 20] = random.Random(1000 + r).randbytes(1 << 20)
@@ -128,11 +131,13 @@ def right_sized(criu_bin: str) -> Iterator[Cluster]:
     yield from provided(RIGHT_SIZED)
 
 
-def test_a_job_that_outgrows_its_node_gets_one_that_fits_and_its_output_is_identical(right_sized: Cluster) -> None:
+def test_a_job_that_outgrows_its_node_gets_one_that_fits_and_its_output_is_identical(right_sized: Cluster,
+                                                                                      tmp_path: Path) -> None:
     c = right_sized
     c.json("autoscale", "--min", "1", "--max", "2", "--scale-up-after", "1s", "--scale-down-after", "1h")
-    argv = [sys.executable, "-c", GROWING, "18", "30"]  # 1.1 GiB: more than n1 has
-    want = reference_output(argv)
+    go = tmp_path / "grow-go"  # the job holds its memory, silent, until this file exists
+    argv = [sys.executable, "-c", GROWING, "18", "30", str(go)]  # 1.1 GiB: more than n1 has
+    want = reference_output([*argv[:-1], "/"])  # the same output, without the wait
     c.json("run", "--name", "grow", "--right-size", "--memory", "128MiB", "--", *argv)
     c.wait_state("grow", "running")
     # its request follows its use, then outgrows n1: a highmem node is launched and it moves there
@@ -143,6 +148,7 @@ def test_a_job_that_outgrows_its_node_gets_one_that_fits_and_its_output_is_ident
                        and s["state"] == "running" and s, 180, "the job to move to the new node")
     assert moved["right_size"] is True and moved["memory_bytes"] > 1 << 30
     assert moved["outgrown"] is False
+    go.touch()
     done = c.wait_state("grow", "succeeded", timeout=240)
     assert done["exit_code"] == 0
     assert c.logs("grow") == want
