@@ -65,10 +65,7 @@ def test_a_sigterm_checkpoints_a_here_job_and_a_restore_here_elsewhere_continues
         second.kill()
     assert second.returncode == 0, err2
     assert [int(x) for x in (out + out2).split()] == list(range(COUNT)), "the count restarted, skipped or repeated"
-    # the command ends with its workload; the node reports the exit and the scheduler records it
-    # right after (a moment later on a loaded machine)
-    status = wait_until(lambda: (s := c.json("status", "here-count"))["state"] != "running" and s, 30,
-                        "the job's end to be recorded")
+    status = c.json("status", "here-count")  # the command returns once the job's end is recorded
     assert (status["state"], status["node"], status["restarts"]) == ("succeeded", "node-2", 1), status
 
 

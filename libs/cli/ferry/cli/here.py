@@ -42,6 +42,7 @@ from ferry.v1 import ferry_pb2 as pb
 __all__ = ["STOPPED_EXIT", "Foreground", "join_cgroup", "restore_here", "run_here"]
 
 STOPPED_EXIT = 128 + signal.SIGTERM
+END_RECORD_WAIT_S = 10.0  # how long the command waits for the job's end to be recorded
 TAKE_TIMEOUT_S = 120.0
 STOP_WAIT_S = 600.0  # for the checkpoint that stops the job to be committed
 FOLLOW_S = 0.1
@@ -250,6 +251,9 @@ def _finish(client: Client, args: argparse.Namespace, fg: Foreground, request: _
         raise FerryError(f"{fg.job}: node {args.node} offered no start within {TAKE_TIMEOUT_S:.0f} s "
                          f"(`ferry status {fg.job}` says why); it was killed")
     code = fg.run(offered)
+    if code != STOPPED_EXIT:  # it ended: return once its end is recorded (`ferry status` then says so)
+        with contextlib.suppress(FerryError):  # best effort: the node reports it within a second
+            client.call(client.stub.WaitJob, pb.WaitJobRequest(job=fg.job, timeout_s=END_RECORD_WAIT_S))
     if args.output == "json":
         job = client.call(client.stub.GetJob, pb.JobRef(job=fg.job))
         print_json({**job_dict(job), "exit_status": code, "stopped_by_checkpoint": code == STOPPED_EXIT})
