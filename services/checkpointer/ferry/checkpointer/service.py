@@ -61,6 +61,9 @@ from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkpoints
+# a pass over every job follows a burst of changes this long after it began (not one per change)
+EXPIRY_SETTLE_S = 2.0  # the checkpoints of ended jobs: days of keeping, seconds do not matter
+JOBNET_SETTLE_S = 0.05  # routes to new bridge-network jobs: soon
 
 
 class Checkpointer(GangMember, LiveSource, NodeService):
@@ -124,13 +127,18 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         finally:
             await jobs.close()
 
-    async def until_change(self, changed: asyncio.Event, timeout: float | None = None) -> None:
-        """Returns when `changed` is set, the service stops, or `timeout` seconds passed."""
+    async def until_change(self, changed: asyncio.Event, timeout: float | None = None, settle_s: float = 0.0) -> None:
+        """Returns when `changed` is set, the service stops, or `timeout` seconds passed; after a
+        change, `settle_s` later, so that a burst of changes (a thousand submits) costs one pass
+        over every job, not one per change."""
         stop = asyncio.create_task(self.stopping.wait())
         change = asyncio.create_task(changed.wait())
-        await asyncio.wait({stop, change}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({stop, change}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for task in (stop, change):
             task.cancel()
+        if change in done and settle_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), settle_s)
 
     async def expiry_loop(self, jobs: Mirror[Job]) -> None:
         """Deletes the checkpoints of the jobs that ended on this node `keep_ended_s` ago
@@ -152,7 +160,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                     retry = time.time() + EXPIRY_RETRY_S
                     next_at = retry if next_at is None else min(next_at, retry)
             done = {j.id: done[j.id] for j in due if j.id in done}
-            await self.until_change(changed, None if next_at is None else max(0.0, next_at - time.time()))
+            await self.until_change(changed, None if next_at is None else max(0.0, next_at - time.time()),
+                                    settle_s=min(EXPIRY_SETTLE_S, keep / 4))
 
     async def jobnet_loop(self, jobs: Mirror[Job]) -> None:
         """Follows the jobs and the nodes: this node's routes to the other nodes' bridge-network
@@ -173,7 +182,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                     except OSError as exc:
                         log.warning("the job network's routes and forwards: %s", exc)
                         self.jobnet.applied = None  # try again on the next change
-                await self.until_change(changed)
+                await self.until_change(changed, settle_s=JOBNET_SETTLE_S)
         finally:
             await nodes.close()
 
