@@ -183,11 +183,15 @@ class NodeNetwork:
     def apply(self, state: NetState) -> None:
         """Makes the routes and the forwards those of ``state``. Raises CommandFailed."""
         current = self.routes()
-        for address, via in state.routes.items():
-            if ipaddress.ip_address(address) in self.range and current.get(address) != via:
-                self._run("ip", "route", "replace", f"{address}/32", "via", via, "proto", ROUTE_PROTO)
-        for address in set(current) - set(state.routes):
-            self._run("ip", "route", "del", f"{address}/32", "proto", ROUTE_PROTO, check=False)
+        # one `ip -batch` for all the changes (a command per route cost a process per job change)
+        replace = [f"route replace {address}/32 via {via} proto {ROUTE_PROTO}"
+                   for address, via in sorted(state.routes.items())
+                   if ipaddress.ip_address(address) in self.range and current.get(address) != via]
+        if replace:
+            self._run("ip", "-batch", "-", stdin="\n".join(replace) + "\n")
+        gone = [f"route del {address}/32 proto {ROUTE_PROTO}" for address in sorted(set(current) - set(state.routes))]
+        if gone:  # one already gone is no failure: -force goes on past it
+            self._run("ip", "-force", "-batch", "-", stdin="\n".join(gone) + "\n", check=False)
         if self.applied is None or self.applied.forwards != state.forwards:
             lines = [f"flush map ip {TABLE} fwd_tcp", f"flush map ip {TABLE} fwd_udp"]
             for (proto, port), (address, job_port) in sorted(state.forwards.items()):
