@@ -140,3 +140,32 @@ async def test_the_indexes_follow_the_records_and_caught_up_waits_for_other_writ
         await mirror.close()
         await other.close()
         await bus.close()
+
+
+async def test_the_token_index_follows_changes_and_deletes(nats_url: str) -> None:
+    """``holders`` and ``held``: the scheduler's lookups of job-network addresses, published ports
+    and gangs (``ferry.scheduler.state.job_tokens``), kept as records change and go."""
+    from ferry.common.jobnet import PortMap
+    from ferry.scheduler.state import job_tokens
+
+    bus = await Bus.connect(nats_url, "test-mirror-tokens")
+    other = await Bus.connect(nats_url, "test-mirror-tokens-other")
+    mirror = Mirror(bus.jobs, tokens=job_tokens)
+    web = job("job-w", name="web", state=JobState.RUNNING).model_copy(
+        update={"address": "10.88.0.2", "publish": [PortMap(host=8080, job=80)], "gang": "g"})
+    try:
+        await bus.jobs.put("job-w", web)
+        await mirror.start()
+        assert mirror.held("address:10.88.0.2") and [j.id for j in mirror.holders("publish:tcp/8080")] == ["job-w"]
+        assert [j.id for j in mirror.holders("gang:g")] == ["job-w"] and mirror.holders("gang:h") == []
+        await other.jobs.put("job-w", web.model_copy(update={"state": JobState.SUCCEEDED}))
+        assert await mirror.caught_up()
+        assert mirror.holders("publish:tcp/8080") == []  # an ended job publishes nothing
+        assert mirror.held("address:10.88.0.2")  # but keeps its address: it may be restored
+        await other.jobs.delete("job-w")
+        assert await mirror.caught_up()
+        assert not mirror.held("address:10.88.0.2") and mirror.holders("gang:g") == []
+    finally:
+        await mirror.close()
+        await other.close()
+        await bus.close()

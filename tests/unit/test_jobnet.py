@@ -23,6 +23,25 @@ def test_addresses_are_allocated_lowest_first_skipping_the_gateway_and_held_ones
         allocate("10.0.0.0/28", full)
 
 
+def test_after_the_last_given_address_the_next_free_one_comes_and_the_range_wraps() -> None:
+    held = {"10.0.0.2", "10.0.0.3", "10.0.0.5"}
+    assert allocate("10.0.0.0/28", held, after="10.0.0.3") == "10.0.0.4"
+    assert allocate("10.0.0.0/28", held | {"10.0.0.4"}, after="10.0.0.3") == "10.0.0.6"
+    assert allocate("10.0.0.0/28", held, after="10.0.0.14") == "10.0.0.4"  # past the last: from the lowest
+    assert allocate("10.0.0.0/28", held, after="192.168.1.1") == "10.0.0.4"  # not in the range: from the lowest
+    assert allocate("10.0.0.0/28", held, after="nonsense") == "10.0.0.4"
+    asked: list[str] = []
+
+    class Held:  # 10.88.0.2 to 10.88.195.79 held; counts what allocate asks
+        def __contains__(self, address: object) -> bool:
+            asked.append(str(address))
+            a, b = (int(x) for x in str(address).split(".")[2:])
+            return 2 <= a * 256 + b < 50_000
+
+    assert allocate("10.88.0.0/16", Held(), after="10.88.195.79") == "10.88.195.80"
+    assert asked == ["10.88.195.80"]  # the next one is free: none of the 50,000 held ones is looked at
+
+
 @pytest.mark.parametrize(("cidr", "why"), [
     ("10.88.0.1/16", "has host bits set"), ("8.8.8.0/24", "not a private range"), ("10.0.0.0/30", "at least /28"),
     ("fd00::/64", "IPv4"), ("nonsense", "does not appear to be"),

@@ -12,10 +12,12 @@ was restored on another node finds its gateway under the address and the MAC it 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
+import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,13 +77,22 @@ def gateway(cidr: str) -> str:
     return str(next(check_range(cidr).hosts()))
 
 
-def allocate(cidr: str, used: Iterable[str]) -> str:
-    """The lowest address of the range that no job holds (not the gateway nor the broadcast)."""
+def allocate(cidr: str, used: Container[str], after: str | None = None) -> str:
+    """The first address of the range that no job holds (not the gateway nor the broadcast),
+    from the one after ``after`` on (round the range), else from the lowest: a scheduler that
+    passes the address it gave last finds a free one at once, however many jobs hold one."""
     net = check_range(cidr)
-    taken = set(used) | {gateway(cidr)}
-    for address in net.hosts():
-        if str(address) not in taken:
-            return str(address)
+    gw = gateway(cidr)
+    first, last = int(net.network_address) + 1, int(net.broadcast_address) - 1
+    start = first
+    if after is not None:
+        with contextlib.suppress(ValueError):
+            following = int(ipaddress.IPv4Address(after)) + 1
+            start = following if first <= following <= last else first
+    for i in itertools.chain(range(start, last + 1), range(first, start)):
+        address = str(ipaddress.IPv4Address(i))
+        if address != gw and address not in used:
+            return address
     raise UsageError(f"the job network {cidr} has no free address: remove finished jobs or use a bigger range")
 
 

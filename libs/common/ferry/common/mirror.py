@@ -21,7 +21,7 @@ for a reader that must see what another service has just written.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic
 
 import nats.errors
@@ -42,7 +42,8 @@ class _Reconnected(Exception):
 
 class Mirror(Generic[M]):
     def __init__(self, table: Table[M], *, resync_s: float = RESYNC_S, changed: asyncio.Event | None = None,
-                 live: Callable[[M], bool] | None = None, unique: Callable[[M], str] | None = None) -> None:
+                 live: Callable[[M], bool] | None = None, unique: Callable[[M], str] | None = None,
+                 tokens: Callable[[M], Iterable[str]] | None = None) -> None:
         self.table = table
         self.resync_s = resync_s
         self._records: dict[str, tuple[int, M]] = {}
@@ -50,6 +51,8 @@ class Mirror(Generic[M]):
         self._live: set[str] = set()  # keys of the records ``live`` selects
         self._unique = unique
         self._by_unique: dict[str, str] = {}  # unique(record) -> key
+        self._tokens = tokens
+        self._holders: dict[str, set[str]] = {}  # token -> keys of the records that hold it
         self._seen = 0  # the highest revision the watch (or a read) has delivered
         self._noted: set[str] = set()  # keys written since the last resync began
         self._task: asyncio.Task[None] | None = None
@@ -116,6 +119,14 @@ class Mirror(Generic[M]):
         key = self._by_unique.get(value)
         return self.peek(key) if key is not None else None
 
+    def holders(self, token: str) -> list[M]:
+        """The records whose ``tokens`` include ``token``, themselves, to read only, in key order."""
+        return [self._records[k][1] for k in sorted(self._holders.get(token, ()))]
+
+    def held(self, token: str) -> bool:
+        """Whether any record's ``tokens`` include ``token``."""
+        return token in self._holders
+
     async def caught_up(self, timeout_s: float = 2.0) -> bool:
         """Waits until this copy holds every write the bucket had now; False if it did not within
         ``timeout_s`` (the reader then goes on with what it has)."""
@@ -141,6 +152,15 @@ class Mirror(Generic[M]):
                 del self._by_unique[self._unique(old)]
             if new is not None:
                 self._by_unique[self._unique(new)] = key
+        if self._tokens is not None:
+            for token in self._tokens(old) if old is not None else ():
+                keys = self._holders.get(token)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._holders[token]
+            for token in self._tokens(new) if new is not None else ():
+                self._holders.setdefault(token, set()).add(key)
 
     # ---- writing -------------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ class Scheduler(Service):
         bus = await self.connect()
         self.state = ClusterState(bus)
         self.view_cache = ViewCache()  # node views between placements (ferry.policy.views)
+        self.last_address: str | None = None  # the job-network address given last: the next is looked for after it
         self.effects = Effects(self.state)
         self.control = ControlLoop(self.state, self.settings, self)
         await self.state.start()
@@ -180,17 +181,19 @@ class Scheduler(Service):
             if other is not None:
                 raise AlreadyExistsError(f"a job named {spec.name!r} exists already ({other.id}, "
                                          f"{other.state}); pick another name")
-            if spec.gang and any(o.gang == spec.gang and o.tenant != spec.tenant for o in self.state.all_jobs()):
+            if spec.gang and any(o.tenant != spec.tenant for o in self.state.gang_named(spec.gang)):
                 raise AlreadyExistsError(f"the gang name {spec.gang!r} is taken; pick another")
             if spec.node:
                 await self.state.node(spec.node)
             address = None
             if spec.network == Network.BRIDGE:
-                others = self.state.all_jobs()
-                problem = published_conflict(spec.publish, others)
+                # indexed lookups: a submit costs the same however many jobs ran before
+                holders = self.state.publishers((m.proto, m.host) for m in spec.publish)
+                problem = published_conflict(spec.publish, holders)
                 if problem:
                     raise UsageError(problem)
-                address = allocate(self.settings.job_network, (j.address for j in others if j.address))
+                address = allocate(self.settings.job_network, self.state.taken_addresses(), after=self.last_address)
+                self.last_address = address
             created = run.submit(spec, job_id, op, address=address)
             await self.effects.apply(created)
             job = created.job

@@ -10,9 +10,12 @@ hold, so a restarted scheduler picks up exactly where the last one stopped. Ops 
 are read from KV when needed.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
 from ferry.common import wire
 from ferry.common.bus import Bus
@@ -24,10 +27,31 @@ from ferry.policy import progress
 log = logging.getLogger(__name__)
 
 
+def job_tokens(job: Job) -> list[str]:
+    """What the scheduler looks jobs up by, besides id and name: the job-network address each holds,
+    the ports each live one publishes, its gang."""
+    out = [f"address:{job.address}"] if job.address else []
+    if not job.terminal:
+        out += [f"publish:{m.proto}/{m.host}" for m in job.publish]
+    if job.gang:
+        out.append(f"gang:{job.gang}")
+    return out
+
+
+class _TakenAddresses:
+    """The job-network addresses in use, as ``allocate`` asks about them (one at a time)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def __contains__(self, address: object) -> bool:
+        return isinstance(address, str) and self._state.address_taken(address)
+
+
 class ClusterState:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self._jobs = Mirror(bus.jobs, live=lambda j: not j.terminal, unique=lambda j: j.name)
+        self._jobs = Mirror(bus.jobs, live=lambda j: not j.terminal, unique=lambda j: j.name, tokens=job_tokens)
         self._nodes = Mirror(bus.nodes)
         self._prices = Mirror(bus.prices)
 
@@ -59,13 +83,28 @@ class ClusterState:
         """Every job, finished ones too, themselves: to read only."""
         return self._jobs.view()
 
+    def address_taken(self, address: str) -> bool:
+        """Whether a job (an ended one too: it may be restored) holds this job-network address."""
+        return self._jobs.held(f"address:{address}")
+
+    def publishers(self, ports: Iterable[tuple[str, int]]) -> list[Job]:
+        """The live jobs that publish any of these (protocol, host port), themselves: to read only."""
+        return [j for proto, port in sorted(set(ports)) for j in self._jobs.holders(f"publish:{proto}/{port}")]
+
+    def gang_named(self, gang: str) -> list[Job]:
+        """The jobs of the gang (ended members too), themselves: to read only."""
+        return self._jobs.holders(f"gang:{gang}")
+
     def job_named(self, name: str) -> Job | None:
         """The job of that name, itself: to read only."""
         return self._jobs.find(name)
 
     def gang_jobs(self, gang: str) -> list[Job]:
         """A copy of every job of the gang (members that ended too)."""
-        return [j.model_copy(deep=True) for j in self._jobs.view() if j.gang == gang]
+        return [j.model_copy(deep=True) for j in self.gang_named(gang)]
+
+    def taken_addresses(self) -> _TakenAddresses:
+        return _TakenAddresses(self)
 
     async def nodes(self) -> list[Node]:
         return self._nodes.values()
