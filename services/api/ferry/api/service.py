@@ -107,6 +107,11 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         await self.jobs.caught_up()
         return self.jobs.view()
 
+    async def live_jobs(self) -> list[Job]:
+        """The jobs that have not ended, to read only (as ``all_jobs``, without the history)."""
+        await self.jobs.caught_up()
+        return self.jobs.live()
+
     async def tenant_of(self, job_id: str) -> str | None:
         """The tenant of a job (remembered: a job never changes tenant), None if it is gone."""
         if job_id not in self._job_tenants:
@@ -247,7 +252,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
             if checked.node:
                 await self.require_node(checked.node)
             me = caller()
-            mine = [j for j in await self.all_jobs() if j.tenant == me.tenant]
+            mine = [j for j in await self.live_jobs() if j.tenant == me.tenant]  # quotas count live jobs only
             self.tenants.check_quota(me.tenant, Usage.of(mine), cpus=checked.cpus, memory=checked.memory_bytes,
                                      gpus=checked.gpus)
             spec = checked.to_spec(checked.name or f"job-{new_id('x')[2:8]}", time.time(),
@@ -258,7 +263,8 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
         me = caller()
-        jobs = sorted((j for j in await self.all_jobs() if me.may_see(j)), key=lambda j: j.created)
+        found = await self.all_jobs() if request.all else await self.live_jobs()
+        jobs = sorted((j for j in found if me.may_see(j)), key=lambda j: j.created)
         if not request.all:
             jobs = [j for j in jobs if j.state not in TERMINAL_STATES]
         return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs])
@@ -626,7 +632,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
     async def WhoAmI(self, request: pb.WhoAmIRequest, context: Ctx) -> pb.WhoAmIResponse:
         me = caller()
         quota = self.tenants.quota(me.tenant)
-        used = Usage.of([j for j in await self.all_jobs() if j.tenant == me.tenant])
+        used = Usage.of([j for j in await self.live_jobs() if j.tenant == me.tenant])
         return pb.WhoAmIResponse(
             tenant=me.tenant, role=me.role.value, who=me.who, open=self.tenants.open,
             quota=pb.Quota(cpus=quota.cpus or 0, memory_bytes=int(quota.memory or 0), gpus=quota.gpus or 0,
@@ -756,7 +762,7 @@ class Api(Service):
         listener = Listener.from_settings(self.settings)
         listener.refuse_if_open(tenants.open)
         bus = await self.connect()
-        self.jobs = Mirror(bus.jobs, unique=lambda j: j.name)
+        self.jobs = Mirror(bus.jobs, unique=lambda j: j.name, live=lambda j: not j.terminal)
         await self.jobs.start()
         servicer = AdminServicer(bus, self.settings, self.jobs, tenants)
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(tenants, servicer.write_audit), ErrorInterceptor()])
