@@ -28,6 +28,7 @@ class CloudDouble:
         self.capacity = dict(capacity)  # (type, zone) -> instances it can still start
         self.gcp: dict[str, dict[str, Any]] = {}  # name -> instance
         self.gcp_ops: dict[str, dict[str, Any]] = {}
+        self.gcp_hold = False  # instances stay PROVISIONING while set (a launch that takes long)
         self.azure: dict[str, dict[str, Any]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}  # Cluster API MachineDeployments by name
         self.machines: dict[str, dict[str, Any]] = {}
@@ -136,15 +137,23 @@ class CloudDouble:
         found = self.gcp.get(request.match_info["name"])
         if found is None:
             return _error(404, "notFound", "The resource was not found", True)
-        if found["status"] != "RUNNING":
-            found["status"] = {"PROVISIONING": "STAGING", "STAGING": "RUNNING"}.get(found["status"], found["status"])
+        self._gcp_advance(found)
         return web.json_response(found)
+
+    def _gcp_advance(self, instance: dict[str, Any]) -> None:
+        """An instance moves on a state each time it is read (unless held): time passing, in a double."""
+        if instance["status"] != "RUNNING" and not self.gcp_hold:
+            instance["status"] = {"PROVISIONING": "STAGING", "STAGING": "RUNNING"}.get(instance["status"],
+                                                                                        instance["status"])
 
     async def gcp_list(self, request: web.Request) -> web.Response:
         zone = request.match_info["zone"]
         key, _, value = request.query.get("filter", "").removeprefix("labels.").partition("=")
-        return web.json_response({"items": [i for i in self.gcp.values() if i["zone"].endswith(f"/{zone}")
-                                            and (not key or i["labels"].get(key) == value)]})
+        items = [i for i in self.gcp.values()
+                 if i["zone"].endswith(f"/{zone}") and (not key or i["labels"].get(key) == value)]
+        for instance in items:
+            self._gcp_advance(instance)
+        return web.json_response({"items": items})
 
     async def gcp_delete(self, request: web.Request) -> web.Response:
         name, zone = request.match_info["name"], request.match_info["zone"]

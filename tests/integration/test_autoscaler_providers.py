@@ -1,11 +1,17 @@
 """The autoscaler service (real NATS) with providers that are not ``ferry up``'s: it grows the
 cluster to ``--min`` through a Kubernetes node group (the double of tests/clouddouble.py) and
 records the node under the name Kubernetes gave it, not the one it asked for; and a spot
-instance Compute Engine preempts ends its fleet record with a ``node_interrupted`` event."""
+instance Compute Engine preempts ends its fleet record with a ``node_interrupted`` event; an
+autoscaler killed or paused in the middle of a launch launches once and records it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -92,3 +98,71 @@ async def test_a_preempted_spot_instance_ends_its_fleet_record(nats_url: str, tm
     gone = next(e for e in events if e.kind == "node_interrupted")
     assert "preempted by Compute Engine" in gone.message
     assert any(r.id == gone.node and r.state == "terminated" for r in records)
+
+
+@pytest.mark.parametrize("how", ["killed", "paused"])
+async def test_an_autoscaler_killed_or_paused_mid_launch_launches_once_and_records_it(
+        nats_url: str, tmp_path: Path, double: CloudDouble, how: str) -> None:
+    """The autoscaler process is killed (SIGKILL) or paused (SIGSTOP) while Compute Engine still
+    provisions the instance it asked for. Killed: the next autoscaler follows that launch to its
+    end instead of writing it off (the instance would run unaccounted for) or launching again.
+    Paused: it carries on when continued. Either way, one instance, recorded as running."""
+    (tmp_path / "token").write_text(TOKEN)
+    spec = InstanceTypeSpec(name="n2-standard-4", zone="us-central1-a", cpus=4, price_per_hour=0.19)
+    env = {**os.environ, "FERRY_NATS_URL": nats_url, "FERRY_DATA_DIR": str(tmp_path), "FERRY_PROVIDER": "gcp",
+           "FERRY_INSTANCE_TYPES": json.dumps([spec.model_dump()]), "FERRY_PROVIDER_PROJECT": "p",
+           "FERRY_PROVIDER_IMAGE": "img", "FERRY_PROVIDER_ENDPOINT": double.url,
+           "FERRY_PROVIDER_TOKEN_FILE": str(tmp_path / "token"), "FERRY_AUTOSCALE_EVERY_S": "0.3"}
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(tmp_path / "autoscaler.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "ferry.autoscaler"], env=env, stdout=subprocess.DEVNULL,
+                                    stderr=log)
+
+    bus = await Bus.connect(nats_url, "test")
+    events: list[Event] = []
+
+    async def on_event(msg: object) -> None:
+        events.append(wire.decode(Event, msg.data))  # type: ignore[attr-defined]
+
+    async def until(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not check():
+            log = (tmp_path / "autoscaler.log").read_text(errors="replace")[-2000:]
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}: {events}\n{log}"
+            await asyncio.sleep(0.1)
+
+    await bus.subscribe("ferry.evt.cluster.>", on_event)
+    double.gcp_hold = True
+    first = start()
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        await bus.autoscale.put(POLICY_KEY, AutoscalePolicy(min_nodes=1, max_nodes=2, scale_up_after_s=0))
+        await until("the launch to be under way", lambda: len(double.gcp) == 1)
+        name = next(iter(double.gcp))
+        record = await bus.fleet.get(name)
+        assert record is not None and record.state == "launching"
+        if how == "killed":
+            first.kill()
+            first.wait(10)
+            second = start()
+            await asyncio.sleep(2)  # the new one reads the record and follows the launch; nothing more
+        else:
+            os.kill(first.pid, signal.SIGSTOP)
+            await asyncio.sleep(2)
+            os.kill(first.pid, signal.SIGCONT)
+        assert list(double.gcp) == [name], "a second instance was launched"
+        double.gcp_hold = False
+        await until("the node's launch to be recorded", lambda: any(e.kind == "node_launched" for e in events))
+        record = await bus.fleet.get(name)
+        assert record is not None and record.state == "running", record
+        await asyncio.sleep(1.5)  # a few more steps: min 1 is met, nothing else is launched
+        assert list(double.gcp) == [name]
+        assert [e.node for e in events if e.kind == "node_launched"] == [name]
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+                proc.wait(30)
+        await bus.close()

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 POLICY_KEY = "policy"
 REFUSED_REST_S = 60.0
+LAUNCH_FOLLOW_S = 600.0  # how long a launch left under way by a restart is waited for
+LAUNCH_POLL_S = 2.0
 JOIN_GRACE_S = 120.0  # a launched node that has not joined yet still counts as launching
 
 
@@ -52,6 +54,11 @@ def offer_of(t: InstanceType, nodes: Sequence[Node] = (), at: float = 0.0) -> au
                            cpus=t.cpus, memory_bytes=t.memory, gpus=t.gpus,
                            preemptions=sum(n.preemptions for n in alike),
                            uptime_s=sum(max(0.0, at - n.started) for n in alike))
+
+
+def rec_still_launching(rec: FleetNode) -> ProvidedNode:
+    """What to assume of a launch while the provider cannot be asked: still under way."""
+    return ProvidedNode(id=rec.id, instance_type="", zone="", spot=False, state="launching")
 
 
 class Autoscaler(Service):
@@ -84,9 +91,52 @@ class Autoscaler(Service):
                 self.busy[rec.id] = self.spawn(self.retire(rec.id, rec.price_per_hour, rec.reason, rec.op))
             elif rec.state == "launching":
                 got = provided.get(rec.id)
+                if got is not None and got.state == "launching":  # the provider still starts it: wait on
+                    self.busy[rec.id] = self.spawn(self.follow_launch(rec))
+                    continue
                 state = "running" if got is not None and got.state == "running" else "failed"
                 await self.record(rec.model_copy(update={"state": state, "since": now(), "reason": (
                     rec.reason if state == "running" else "the autoscaler restarted during the launch")}))
+
+    async def follow_launch(self, rec: FleetNode) -> None:
+        """A launch the last autoscaler left under way: waits for the provider's node to run (it
+        is then recorded as launched) or to fail; one that never gets there within
+        ``LAUNCH_FOLLOW_S`` is terminated, so that nothing is left running and unaccounted for."""
+        assert self.provider is not None
+        deadline = asyncio.get_running_loop().time() + LAUNCH_FOLLOW_S
+        try:
+            while True:
+                try:
+                    got = next((n for n in await self.provider.nodes() if n.id == rec.id), None)
+                except FerryError as exc:  # the provider's API failed this time: again in a moment
+                    log.warning("following the launch of %s: %s", rec.id, exc)
+                    got = rec_still_launching(rec)
+                if got is not None and got.state == "running":
+                    await self.record(rec.model_copy(update={"state": "running", "since": now()}))
+                    await self.emit("node_launched", rec.id, f"{rec.offer} runs (its launch outlived an autoscaler "
+                                    "restart); its services join the cluster", offer=rec.offer)
+                    return
+                if got is None or got.state != "launching":
+                    why = got.reason if got is not None and got.reason else "it never ran"
+                    await self.record(rec.model_copy(update={"state": "failed", "since": now(),
+                                                             "reason": f"the provider's launch failed: {why}"}))
+                    await self.emit("launch_failed", rec.id, f"{rec.offer}: {why}", offer=rec.offer)
+                    return
+                if asyncio.get_running_loop().time() > deadline:
+                    await self.provider.terminate(rec.id)
+                    await self.record(rec.model_copy(update={"state": "failed", "since": now(), "reason": (
+                        f"it did not run within {LAUNCH_FOLLOW_S:.0f} s of the autoscaler's restart: terminated")}))
+                    await self.emit("launch_failed", rec.id, f"{rec.offer}: did not run; terminated", offer=rec.offer)
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), LAUNCH_POLL_S)
+                if self.stopping.is_set():
+                    return  # the record stays launching: the next autoscaler follows it again
+        except FerryError as exc:  # terminating it failed: the record stays launching for the next start
+            log.warning("following the launch of %s: %s", rec.id, exc)
+        finally:
+            self.busy.pop(rec.id, None)
+            self.changed.set()
 
     async def record(self, rec: FleetNode) -> None:
         assert self.bus is not None
