@@ -91,10 +91,6 @@ class Client:
         self.metadata += self.reason_metadata(reason)
         tls = tls_settings(self.addr)
         try:
-            split_addr(self.addr)
-        except ValueError as exc:
-            raise UsageError(f"FERRY_ADDR={self.addr}: {exc}; say host:port") from exc
-        try:
             self.channel = Channel(self.addr, tls, connect_timeout)
         except OSError as exc:
             if tls and type(exc).__module__ == "ssl":
@@ -134,14 +130,17 @@ class Client:
 def tls_settings(addr: str) -> Tls | None:
     """TLS when FERRY_TLS_CA (the API's CA) or FERRY_TLS_CERT/FERRY_TLS_KEY (this client's, for
     mutual TLS) are set; in the clear only to this machine."""
+    try:
+        host, _ = split_addr(addr)
+    except ValueError as exc:
+        raise UsageError(f"FERRY_ADDR={addr}: {exc}; say host:port") from exc
     ca, cert = _read("FERRY_TLS_CA"), _read("FERRY_TLS_CERT")
     _read("FERRY_TLS_KEY")  # readable, or a usage error now
     if ca or cert:
         cert_file = os.environ["FERRY_TLS_CERT"] if cert else None
         key_file = (os.environ.get("FERRY_TLS_KEY") or None) if cert else None
         return Tls(ca=ca, cert_file=cert_file, key_file=key_file)
-    host = addr.rpartition(":")[0] or addr
-    if not is_loopback(host.strip("[]")):
+    if not is_loopback(host):
         raise UsageError(f"{addr} is not on this machine, and Ferry speaks only TLS across a network: set "
                          "FERRY_TLS_CA to the API's CA certificate (and FERRY_TOKEN)")
     return None
@@ -159,19 +158,17 @@ def _read(variable: str) -> bytes | None:
 
 
 def open_channel(addr: str) -> grpc.Channel:
-    """A grpcio channel with the same rules as ``tls_settings`` (for `ferry up`, which runs for long)."""
+    """A grpcio channel with the rules of ``tls_settings`` (for `ferry up`, which runs for long)."""
     import grpc
 
     options = [("grpc.max_receive_message_length", 64 << 20)]
-    ca, cert, key = _read("FERRY_TLS_CA"), _read("FERRY_TLS_CERT"), _read("FERRY_TLS_KEY")
-    if ca or cert:
-        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-        return grpc.secure_channel(addr, credentials, options=options)
-    host = addr.rpartition(":")[0] or addr
-    if not is_loopback(host):
-        raise UsageError(f"{addr} is not on this machine, and Ferry speaks only TLS across a network: set "
-                         "FERRY_TLS_CA to the API's CA certificate (and FERRY_TOKEN)")
-    return grpc.insecure_channel(addr, options=options)
+    tls = tls_settings(addr)
+    if tls is None:
+        return grpc.insecure_channel(addr, options=options)
+    key = _read("FERRY_TLS_KEY") if tls.key_file else None
+    cert = _read("FERRY_TLS_CERT") if tls.cert_file else None
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=key, certificate_chain=cert)
+    return grpc.secure_channel(addr, credentials, options=options)
 
 
 def translate(exc: grpc.RpcError | RpcFailure) -> FerryError:
