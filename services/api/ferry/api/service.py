@@ -263,10 +263,8 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
         me = caller()
-        found = await self.all_jobs() if request.all else await self.live_jobs()
+        found = await self.all_jobs() if request.all else await self.live_jobs()  # live: not ended
         jobs = sorted((j for j in found if me.may_see(j)), key=lambda j: j.created)
-        if not request.all:
-            jobs = [j for j in jobs if j.state not in TERMINAL_STATES]
         return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs])
 
     async def GetJob(self, request: pb.JobRef, context: Ctx) -> pb.Job:
