@@ -7,6 +7,8 @@ counts go on with no number lost or repeated."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import PY, Cluster, wait_until
@@ -57,9 +59,33 @@ def rows(c: Cluster) -> list[tuple[int, int, int]]:
     return [(int(x), int(y), int(sq)) for x, y, sq in (line.split() for line in lines[lines.index("ready") + 1:])]
 
 
-def counts_past(c: Cluster, more: int) -> None:
-    start = len(rows(c))
-    wait_until(lambda: len(rows(c)) >= start + more, 180, f"the driver to count {more} more")
+def counts_past(c: Cluster, more: int, start: int | None = None) -> None:
+    start = len(rows(c)) if start is None else start
+    try:
+        wait_until(lambda: len(rows(c)) >= start + more, 180, f"the driver to count {more} more")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnosis(c)}") from None
+
+
+def diagnosis(c: Cluster) -> str:
+    """What a stalled driver leaves to read: the members' records, the head's last output and Ray's
+    own warnings and errors (its session logs), so a failure in CI says where the calls stopped."""
+    parts = []
+    for job in MEMBERS:
+        s = c.json("status", job)
+        parts.append(f"{job}: {s.get('state')} on {s.get('node')}, exit {s.get('exit_code')}, "
+                     f"{s.get('error') or s.get('reason') or ''}")
+    for stream in ("stdout", "stderr"):
+        out = c.ferry("logs", "rg-head", "--stream", stream, check=False).stdout
+        parts.append(f"head's last {stream}:\n" + "\n".join(out.splitlines()[-15:]))
+    logs = Path(RAY_DIR) / "session_latest" / "logs"
+    found = []
+    for f in sorted(logs.glob("*.*")) if logs.is_dir() else ():
+        if f.suffix in (".log", ".out", ".err"):
+            found += [f"{f.name}: {line[:300]}" for line in f.read_text(errors="replace").splitlines()
+                      if " W " in line[:40] or " E " in line[:40] or "Error" in line]
+    parts.append("Ray's warnings and errors:\n" + "\n".join(found[-60:]))
+    return "\n".join(parts)
 
 
 def where(c: Cluster) -> dict[str, str]:
@@ -99,7 +125,7 @@ def test_a_ray_cluster_gang_moves_a_worker_live_restores_whole_and_survives_a_wo
     before = len(rows(c))
     c.ferry("chaos", "kill-node", "n3")
     wait_until(lambda: all_running(c) and "n3" not in where(c).values(), 180, "the gang to be restored off n3")
-    wait_until(lambda: len(rows(c)) >= before + 20, 180, "the driver to count on after the failover")
+    counts_past(c, 20, start=before)  # after the failover
 
     got = rows(c)
     assert [x for x, _, _ in got] == list(range(1, len(got) + 1)), "worker 1's actor lost or repeated a call"
