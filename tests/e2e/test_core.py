@@ -51,6 +51,10 @@ def test_migrate_there_and_back_keeps_train_output_identical(cluster: Cluster) -
     cluster.wait_lines("train-mig", 20)
     there = cluster.json("migrate", "train-mig", "--to", "node-2")
     assert there["node"] == "node-2" and there["state"] == "running"
+    # a cold move makes no progress from its dump to its restore: that whole time is lost
+    assert there["lost_basis"] == "pause" and 0 < there["lost_s"] <= there["total_ms"] / 1000, there
+    assert there["last_move_lost_s"] == there["lost_s"]
+    assert "of progress, against the job unmoved" in cluster.ferry("status", "train-mig").stdout
     cluster.wait_lines("train-mig", 60)
     back = cluster.json("migrate", "train-mig", "--to", "node-1")
     assert back["node"] == "node-1" and back["restarts"] == 2

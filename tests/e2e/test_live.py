@@ -55,6 +55,9 @@ def check_result(r: dict[str, Any], name: str, src: str, dst: str) -> None:
     for key in ("freeze_ms", "downtime_ms", "restore_ms", "degraded_ms", "total_ms"):
         assert isinstance(r[key], float) and r[key] > 0, (key, r)
     assert r["downtime_ms"] < r["total_ms"]
+    # what the move cost the job (ferry.policy.lost): within the move; by CPU for a busy job, by its
+    # pauses for one that mostly sleeps (memhog between rounds)
+    assert r["lost_basis"] in ("cpu", "pause") and 0 <= r["lost_s"] <= r["total_ms"] / 1000, r
 
 
 def test_train_moved_live_there_and_back_prints_what_an_uninterrupted_run_prints(cluster: Cluster) -> None:
@@ -66,6 +69,7 @@ def test_train_moved_live_there_and_back_prints_what_an_uninterrupted_run_prints
     check_result(there, "live-train", "node-1", "node-2")
     status = cluster.json("status", "live-train")
     assert status["state"] == "running" and status["node"] == "node-2" and status["restarts"] == 1
+    assert status["last_move_lost_s"] == there["lost_s"] and there["lost_basis"] == "cpu"  # train.py computes
     assert list(copies(argv).values()) in (["R"], ["S"])  # the source is gone, not frozen
     cluster.wait_lines("live-train", 80)
     back = cluster.json("migrate", "live-train", "--to", "node-1", "--live", "--tcp-established")

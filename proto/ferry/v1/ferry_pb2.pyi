@@ -904,6 +904,7 @@ class Job(google.protobuf.message.Message):
     RIGHT_SIZE_FIELD_NUMBER: builtins.int
     OUTGROWN_FIELD_NUMBER: builtins.int
     RSS_BYTES_FIELD_NUMBER: builtins.int
+    LAST_MOVE_LOST_S_FIELD_NUMBER: builtins.int
     id: builtins.str
     name: builtins.str
     cwd: builtins.str
@@ -959,6 +960,8 @@ class Job(google.protobuf.message.Message):
     """right-sized past what any node has free (the autoscaler launches one)"""
     rss_bytes: builtins.int
     """what it uses now, as its node sampled it (0: not known)"""
+    last_move_lost_s: builtins.float
+    """the progress its last move cost it, in seconds (unset: not measured)"""
     @property
     def argv(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -1022,8 +1025,11 @@ class Job(google.protobuf.message.Message):
         right_size: builtins.bool = ...,
         outgrown: builtins.bool = ...,
         rss_bytes: builtins.int = ...,
+        last_move_lost_s: builtins.float | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gang", b"gang", "gang_checkpoint", b"gang_checkpoint", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "outgrown", b"outgrown", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "right_size", b"right_size", "rss_bytes", b"rss_bytes", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_last_move_lost_s", b"_last_move_lost_s", "last_move_lost_s", b"last_move_lost_s"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_last_move_lost_s", b"_last_move_lost_s", "address", b"address", "adopt_pid", b"adopt_pid", "adopted", b"adopted", "argv", b"argv", "bundle", b"bundle", "checkpoint_every_s", b"checkpoint_every_s", "checkpoints", b"checkpoints", "cpus", b"cpus", "created", b"created", "cwd", b"cwd", "deadline", b"deadline", "env", b"env", "error", b"error", "exit_code", b"exit_code", "gang", b"gang", "gang_checkpoint", b"gang_checkpoint", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_model", b"gpu_model", "gpu_uuids", b"gpu_uuids", "gpus", b"gpus", "has_exit_code", b"has_exit_code", "here", b"here", "id", b"id", "image", b"image", "incarnation", b"incarnation", "labels", b"labels", "last_checkpoint", b"last_checkpoint", "last_move_lost_s", b"last_move_lost_s", "max_downtime_s", b"max_downtime_s", "memory_bytes", b"memory_bytes", "name", b"name", "network", b"network", "node", b"node", "outgrown", b"outgrown", "priority", b"priority", "publish", b"publish", "ran_s", b"ran_s", "reason", b"reason", "restarts", b"restarts", "right_size", b"right_size", "rss_bytes", b"rss_bytes", "state", b"state", "tenant", b"tenant", "updated", b"updated", "work_s", b"work_s"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_last_move_lost_s", b"_last_move_lost_s"]) -> typing.Literal["last_move_lost_s"] | None: ...
 
 global___Job = Job
 

@@ -243,15 +243,19 @@ def _gang_done(args: argparse.Namespace, final: pb.OpUpdate) -> int:
 
 def _moved(args: argparse.Namespace, final: pb.OpUpdate, verb: str) -> int:
     job = final.job
-    fallback = json.loads(final.result_json or "{}").get("fallback")  # the checkpoint asked for did not verify
+    result = json.loads(final.result_json or "{}")
+    fallback = result.get("fallback")  # the checkpoint asked for did not verify
+    lost = result.get("lost_s")  # a move's: the progress it cost the job (ferry.policy.lost)
     if _json(args):
         d = job_dict(job)
         d.update({"op": final.op, "checkpoint": final.checkpoint.id or None, "restore_ms": final.restore_ms,
-                  "total_ms": final.total_ms, "fallback": fallback})
+                  "total_ms": final.total_ms, "fallback": fallback, "lost_s": lost,
+                  "lost_basis": result.get("lost_basis")})
         print_json(d)
     else:
         print(f"{job.name} {verb} on {job.node} from {final.checkpoint.id or job.last_checkpoint} "
-              f"in {final.total_ms / 1000:.1f}s" + (f" ({fallback})" if fallback else ""))
+              f"in {final.total_ms / 1000:.1f}s" + (f", {lost:.1f}s of progress lost" if lost is not None else "")
+              + (f" ({fallback})" if fallback else ""))
     return 0
 
 
@@ -287,7 +291,8 @@ def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
     print(f"{args.job} runs on {result.get('to')} ({result.get('mode')}): downtime {ms('downtime_ms')} "
           f"(freeze {ms('freeze_ms')}, restore {ms('restore_ms')}), degraded {ms('degraded_ms')}; "
           f"{result.get('rounds')} pre-copy round(s) shipped {size(int(result.get('bytes_precopy') or 0))}, "
-          f"the freeze {size(int(result.get('bytes_final') or 0))}; {ms('total_ms')} in all")
+          f"the freeze {size(int(result.get('bytes_final') or 0))}; {ms('total_ms')} in all"
+          + (f"; {result['lost_s']:.1f}s of progress lost" if result.get("lost_s") is not None else ""))
     return 0
 
 
@@ -320,6 +325,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             print(f"{key:16} {d[key]}")
     if last is not None:
         print(f"{'checkpointed':16} {ago(last.created)} on {last.node}, {size(last.bytes_logical)}")
+    if job.HasField("last_move_lost_s"):
+        print(f"{'last move':16} cost it {job.last_move_lost_s:.1f}s of progress, against the job unmoved")
     if job.work_s:
         print(f"{'ran':16} {job.ran_s / 60:.1f} min of about {job.work_s / 60:.1f} (--work)")
     if job.deadline:

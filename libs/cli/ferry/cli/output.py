@@ -26,6 +26,8 @@ def to_dict(msg: Message) -> dict[str, Any]:
                 out[field.name] = to_dict(value) if msg.HasField(field.name) else None
         elif field.is_repeated:
             out[field.name] = list(value)
+        elif field.has_presence and not msg.HasField(field.name):  # an optional scalar left unset
+            out[field.name] = None
         elif field.type == FieldDescriptor.TYPE_BYTES:
             out[field.name] = value.decode(errors="replace")
         else:

@@ -89,6 +89,7 @@ class Job(Record):
     running_since: float | None = None  # when it last started running; None while it does not run
     last_move_at: float | None = None
     move_cost_s: float = 30.0  # measured: last checkpoint plus restore time
+    last_move_lost_s: float | None = None  # what its last move cost it in progress (ferry.policy.lost)
     parked_by: str | None = None  # "user" (checkpoint --stop) or "capacity" (preempt-and-save)
     moving_to: str | None = None  # during a move: the target, whose capacity the job already holds
     gpu_model: str | None = None  # e.g. "H100": a substring of the GPU's name
@@ -201,6 +202,9 @@ class CheckpointRecord(Record):
     bytes_uploaded: int = 0
     freeze_ms: float = 0.0
     dump_ms: float = 0.0
+    dumped_at: float | None = None  # when its dump began (wall clock): the job's last moment of progress
+    cpu_s: float | None = None  # the CPU seconds the job's process tree had used by then
+    cores: float | None = None  # the cores it used in the seconds before (ferry.node.usage)
     upload_ms: float = 0.0
     total_ms: float = 0.0
     manifest_key: str = ""

@@ -52,6 +52,8 @@ class LiveFrozen(PageSource):
     bytes_final: int = 0
     upload_ms: float = 0.0
     source_pid: int = 0
+    cpu_s: float | None = None  # the CPU seconds the job had used as its final dump began
+    cores: float | None = None  # the cores it used in the seconds before
 
     def page_source(self) -> PageSource:
         return PageSource.model_validate(self.model_dump(include=set(PageSource.model_fields)))
@@ -77,6 +79,7 @@ class LiveLocal(Record):
     local_at: float | None = None
     first_write_at: float | None = None  # the target's first output: its first observable progress
     adopted: bool = False  # reported by a migrator that took the move over from a dead one
+    cpu_s: float | None = None  # the CPU seconds the restored job used until its memory was all here
 
 
 LiveReport = Annotated[LiveFrozen | LiveRestored | LiveLocal, Field(discriminator="type")]

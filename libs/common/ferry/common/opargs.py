@@ -34,6 +34,7 @@ class RestorePhase(Record):
     target: str | None = None
     unverifiable: dict[str, float] = Field(default_factory=dict)  # checkpoints that did not verify: created
     checkpoint_ms: float = 0.0  # a move's checkpoint, for the job's measured move cost
+    dumped_at: float | None = None  # a move's: when its final dump began (its last moment of progress)
 
 
 class RestoreArgs(RestorePhase):
@@ -65,6 +66,9 @@ class Round(Record):
     bytes_uploaded: int
     bytes_logical: int = 0
     freeze_ms: float = 0.0
+    dumped_at: float | None = None  # when its dump began
+    cpu_s: float | None = None  # the CPU seconds the job had used by then
+    cores: float | None = None  # the cores it used in the seconds before
 
 
 class LiveMove(RestorePhase):
@@ -87,6 +91,7 @@ class LiveMove(RestorePhase):
     local: LiveLocal | None = None
     final_bytes: int | None = None  # pre-copy only: the final checkpoint's delta
     final_freeze_ms: float | None = None
+    final_cpu_s: float | None = None  # pre-copy only: the job's CPU seconds as the final dump began
     target_error: str | None = None
     rolled_back: bool = False
     fallback_error: str | None = None  # neither copy ran: restored from the last committed checkpoint

@@ -15,6 +15,8 @@ from ferry.common.models import JobUsage
 from ferry.criu.jobdir import ShimInfo
 from ferry.gpu.nvml import Nvml
 
+MIN_SPAN_S = 0.5  # a rate over a shorter span is mostly noise
+
 GpuUse = Callable[[set[int]], tuple[int, float]]  # pids -> (bytes on the busiest GPU, its utilisation %)
 
 
@@ -73,6 +75,20 @@ class UsageSampler:
         self._last = out
         return out
 
+
+    def before_dump(self, job: str, pid: int, incarnation: int) -> tuple[float | None, float | None]:
+        """(CPU seconds used so far, cores used in the seconds before) of the job's tree, read just
+        before a dump freezes it: what a move's lost progress is measured against (ferry.policy.lost).
+        The cores come from the last heartbeat's sample when it is at least MIN_SPAN_S old, else
+        from the rate that sample gave; None when neither is known (the job started moments ago)."""
+        got = tree_usage(pid)
+        if got is None:
+            return None, None
+        cpu_s, t = got[1], time.time()
+        prev, last = self._cpu.get(job), self._last.get(job)
+        if prev is not None and prev[2] == incarnation and t - prev[1] >= MIN_SPAN_S:
+            return cpu_s, round(max(0.0, (cpu_s - prev[0]) / (t - prev[1])), 3)
+        return cpu_s, last.cpu if last is not None and prev is not None and prev[2] == incarnation else None
 
     def _gpu(self, pids: set[int]) -> tuple[int, float]:
         if self.gpu_use is None:

@@ -37,6 +37,7 @@ def job_to_pb(job: Job, rss_bytes: int = 0) -> pb.Job:
         publish=[str(m) for m in job.publish], labels=job.labels, work_s=job.work_s or 0.0,
         ran_s=progress.ran_s(job, time.time()), gang=job.gang or "", gang_checkpoint=job.gang_checkpoint or "",
         right_size=job.right_size, outgrown=job.outgrown, rss_bytes=rss_bytes,
+        last_move_lost_s=job.last_move_lost_s,
     )
 
 

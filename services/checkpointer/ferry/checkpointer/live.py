@@ -34,6 +34,7 @@ from ferry.criu.runner import job_criu_args
 from ferry.node.base import LOGS_DIR, NodeService, page_tls, snapshot_logs
 from ferry.node.bridge import host_end
 from ferry.node.procs import alive, signal_tree
+from ferry.node.usage import UsageSampler
 from ferry.store.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class LiveSource(NodeService):
     """Mixed into the checkpointer."""
 
     live: dict[str, LazySource]
+    usage: UsageSampler
 
     def live_marker(self, jd: JobDir) -> LiveMarker | None:
         try:
@@ -95,6 +97,7 @@ class LiveSource(NodeService):
                             extra_args=job_criu_args(job.network, cmd.options.criu_args, adopted=job.adopted),
                             host_end=host_end(job, self.settings.node_netns))
         self.live[job.id] = source
+        cpu_s, cores = await asyncio.to_thread(self.usage.before_dump, job.id, shim.pid, cmd.incarnation)
         try:
             self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)
             frozen = await source.freeze()
@@ -121,7 +124,8 @@ class LiveSource(NodeService):
         report = LiveFrozen(
             **frozen.model_dump(exclude={"file_keys"}), bytes_final=uploaded,
             upload_ms=(time.monotonic() - t0) * 1000, store_job=live_store_job(job.id), images=cmd.checkpoint,
-            source_pid=shim.pid, stdout_path=frozen.file_keys.get(str(jd.stdout), str(jd.stdout)),
+            source_pid=shim.pid, cpu_s=cpu_s, cores=cores,
+            stdout_path=frozen.file_keys.get(str(jd.stdout), str(jd.stdout)),
             stderr_path=frozen.file_keys.get(str(jd.stderr), str(jd.stderr)))
         await self.report(wire.NodeEvent(kind="live_frozen", node=self.node_id, job=job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, live=report))

@@ -48,6 +48,7 @@ from ferry.node.adopt import stdio_pipes
 from ferry.node.base import LOGS_DIR, META_FILE, kernel_release, snapshot_logs
 from ferry.node.procs import alive, signal_tree, wait_for_dumps_of
 from ferry.node.space import space_problem, tree_rss
+from ferry.node.usage import UsageSampler
 from ferry.sim.faults import FaultHook
 from ferry.store.errors import StoreError
 from ferry.store.local import LocalBackend
@@ -67,6 +68,7 @@ class Host(Protocol):
     store: CheckpointStore
     scratch_dir: Path
     jobs_dir: Path
+    usage: UsageSampler
 
     def job_dir(self, job_id: str) -> JobDir: ...
 
@@ -245,6 +247,9 @@ class CheckpointPipeline:
             stop_marker.write_text(cmd.checkpoint)
         # an adopted process may write to its supervisor's pipes: a restore hands it the job's files there
         pipes = stdio_pipes(pid) if job.adopted else {}
+        # the job's last moment of progress: what a move's lost seconds are measured from (ferry.policy.lost)
+        record.dumped_at = time.time()
+        record.cpu_s, record.cores = await asyncio.to_thread(self.host.usage.before_dump, job.id, pid, cmd.incarnation)
         gpu: tuple[CudaCheckpointer, GpuDumpStats] | None = None
         cuda_pids: list[int] = await asyncio.to_thread(cuda_processes, pid) if job.gpu_uuids else []
         if cuda_pids:

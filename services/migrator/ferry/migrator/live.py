@@ -28,6 +28,7 @@ from ferry.criu.runner import job_criu_args
 from ferry.node.base import LOGS_DIR, NodeService, page_tls
 from ferry.node.bridge import drop_stale_link, restore_options
 from ferry.node.procs import alive
+from ferry.node.usage import tree_usage
 from ferry.store.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,13 @@ class LiveTarget(NodeService):
         target.forget()
         shutil.rmtree(images, ignore_errors=True)
 
+    def _tree_cpu_s(self, cmd: wire.NodeCommand) -> float | None:
+        """The CPU seconds the restored job's tree used since its restore (CRIU's restore starts
+        their count again), or None when it is not running here."""
+        shim = self.job_dir(cmd.job.id).read_shim()
+        got = tree_usage(shim.pid) if shim is not None and shim.incarnation == cmd.incarnation else None
+        return got[1] if got is not None else None
+
     async def _report_local(self, cmd: wire.NodeCommand, target: LazyTarget) -> None:
         try:
             pages = await target.wait_local(self.settings.api_timeout_s * 5)
@@ -209,6 +217,7 @@ class LiveTarget(NodeService):
                                              incarnation=cmd.incarnation, op=cmd.op,
                                              error=f"the memory stopped coming from the source: {exc}"))
             return
+        cpu_s = await asyncio.to_thread(self._tree_cpu_s, cmd)  # its progress while degraded (ferry.policy.lost)
         if target.watch is not None and target.first_write_at is None:
             # a job that writes rarely: give it a moment to show progress
             await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
@@ -216,6 +225,6 @@ class LiveTarget(NodeService):
         assert target.running_at is not None and target.local_at is not None
         local = LiveLocal(pages_lazy=pages, bytes_lazy=pages * PAGE_SIZE if pages is not None else None,
                           degraded_ms=(target.local_at - target.running_at) * 1000, local_at=target.local_at,
-                          first_write_at=target.first_write_at)
+                          first_write_at=target.first_write_at, cpu_s=cpu_s)
         await self.report(wire.NodeEvent(kind="live_local", node=self.node_id, job=cmd.job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, live=local))

@@ -58,6 +58,8 @@ def on_committed(job: Job, op: Op, record: CheckpointRecord, now: float) -> Step
     if op.kind == OpKind.MIGRATE and isinstance(op.args, ColdMove | LiveMove):
         if isinstance(op.args, LiveMove):  # pre-copy only: this was the final delta
             op.args.final_bytes, op.args.final_freeze_ms = record.bytes_uploaded, record.freeze_ms
+            op.args.final_cpu_s = record.cpu_s
+        op.args.dumped_at = record.dumped_at  # the job's last progress before the move (ferry.policy.lost)
         op.phase = "restore"
         op.args.checkpoint_ms = record.total_ms
         s.save_op()

@@ -162,7 +162,8 @@ def on_round(job: Job, op: Op, record: CheckpointRecord, now: float) -> Step:
     s = Step.of(job, op)
     a = _args(s.op)
     a.rounds.append(Round(checkpoint=record.id, bytes_uploaded=record.bytes_uploaded,
-                          bytes_logical=record.bytes_logical, freeze_ms=record.freeze_ms))
+                          bytes_logical=record.bytes_logical, freeze_ms=record.freeze_ms,
+                          dumped_at=record.dumped_at, cpu_s=record.cpu_s, cores=record.cores))
     if a.mode == "postcopy":
         _freeze(s, record.id)
     elif not precopy_done([r.bytes_uploaded for r in a.rounds]):
@@ -224,6 +225,7 @@ def on_local(job: Job, op: Op, ev: wire.NodeEvent, now: float) -> Step | None:
     job.restarts += 1
     job.last_move_at = now
     result = live_result(job, op, now)  # move_cost_s stays a cold move's: what wants_live compares with
+    job.last_move_lost_s = result["lost_s"]
     job.next_checkpoint_at = next_checkpoint_at(job, now)
     job.op = None
     s.save_job("live_moved", f"on {ev.node}; downtime {result['downtime_ms'] or 0:.0f} ms")

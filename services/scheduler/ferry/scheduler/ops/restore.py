@@ -9,10 +9,13 @@ user named it); a cold move's failed restore rolls back to its source once; othe
 parked with the error, for `ferry restore` to try another checkpoint or node.
 """
 
+from typing import Any
+
 from ferry.common import wire
 from ferry.common.models import CheckpointRecord, Job, JobState, Op, OpState
 from ferry.common.opargs import ColdMove, LiveMove, RestoreArgs, RestorePhase
 from ferry.policy.fallback import older_checkpoint
+from ferry.policy.lost import cold_lost
 from ferry.scheduler.ops.live_report import live_result
 from ferry.scheduler.ops.step import Step, next_checkpoint_at
 
@@ -62,12 +65,21 @@ def on_restored(job: Job, op: Op, ev: wire.NodeEvent, now: float) -> Step:
         job.move_cost_s = (op.args.checkpoint_ms + ev.restore_ms) / 1000 or job.move_cost_s
     job.next_checkpoint_at = next_checkpoint_at(job, now)
     job.op = None
+    result: dict[str, Any] | None = None  # a move's: what it cost the job (ferry.policy.lost)
+    if isinstance(op.args, LiveMove):
+        result = live_result(job, op, now)
+        job.last_move_lost_s = result["lost_s"]
+    elif isinstance(op.args, ColdMove) and (cost := cold_lost(op.args.dumped_at, now)) is not None:
+        result = {**op.result, **cost.fields()}
+        job.last_move_lost_s = round(cost.seconds, 3)
     s.save_job("restored", f"on {ev.node} (pid {ev.pid})")
     if isinstance(op.args, LiveMove):
         fallback = op.args.fallback_error
-        s.finish(now, restore_ms=ev.restore_ms, result=live_result(job, op, now),
+        s.finish(now, restore_ms=ev.restore_ms, result=result,
                  error=(f"live move failed: {fallback}; restored from {op.checkpoint} on {ev.node}"
                         if fallback else None))
+    elif result is not None:
+        s.finish(now, restore_ms=ev.restore_ms, result=result)
     else:
         s.finish(now, restore_ms=ev.restore_ms)
     return s
