@@ -21,7 +21,8 @@ def job(**kw: object) -> Job:
 
 
 def restored(node: str = "b") -> wire.NodeEvent:
-    return wire.NodeEvent(kind="restored", node=node, job="job-1", incarnation=4, pid=9, restore_ms=500.0)
+    return wire.NodeEvent(kind="restored", node=node, job="job-1", incarnation=4, pid=9, restore_ms=500.0,
+                          time=NOW)  # when it ran again, by its node's clock
 
 
 def test_the_window_less_the_work_done_in_it_at_the_rate_before() -> None:
@@ -44,7 +45,7 @@ def test_a_cold_move_loses_the_time_from_its_dump_to_its_restore_and_the_job_kee
                            cores=1.0)
     s = checkpoint.on_committed(job(node="a", incarnation=3), op, rec, NOW - 2.0)
     assert isinstance(s.op.args, ColdMove) and s.op.args.dumped_at == NOW - 3.5
-    s = restore.on_restored(s.job, s.op, restored(), NOW)
+    s = restore.on_restored(s.job, s.op, restored(), NOW + 0.4)  # the event reached the scheduler 0.4 s later
     assert s.op.state == OpState.DONE
     assert (s.op.result["lost_s"], s.op.result["lost_basis"]) == (3.5, "pause")
     assert s.job.last_move_lost_s == 3.5

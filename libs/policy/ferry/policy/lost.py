@@ -28,10 +28,13 @@ MIN_CORES = 0.05
 class Lost:
     seconds: float
     basis: Literal["cpu", "pause"]
+    window_s: float | None = None  # basis "cpu": what it was computed from
+    cores: float | None = None
 
-    def fields(self) -> dict[str, float | str]:
+    def fields(self) -> dict[str, float | str | None]:
         """As a move's JSON carries it."""
-        return {"lost_s": round(self.seconds, 3), "lost_basis": self.basis}
+        return {"lost_s": round(self.seconds, 3), "lost_basis": self.basis,
+                "lost_window_s": None if self.window_s is None else round(self.window_s, 3), "lost_cores": self.cores}
 
 
 def lost(window_s: float, used_cpu_s: float | None, cores: float | None, paused_s: float) -> Lost:
@@ -41,7 +44,7 @@ def lost(window_s: float, used_cpu_s: float | None, cores: float | None, paused_
     window_s = max(0.0, window_s)
     if cores is None or cores < MIN_CORES or used_cpu_s is None:
         return Lost(max(0.0, paused_s), "pause")
-    return Lost(min(window_s, max(0.0, window_s - max(0.0, used_cpu_s) / cores)), "cpu")
+    return Lost(min(window_s, max(0.0, window_s - max(0.0, used_cpu_s) / cores)), "cpu", window_s, cores)
 
 
 def cold_lost(dumped_at: float | None, running_at: float) -> Lost | None:

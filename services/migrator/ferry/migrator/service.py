@@ -108,6 +108,7 @@ class Migrator(LiveTarget, NodeService):
             if gpu is not None:
                 with _tracer.start_as_current_span("cuda.restore"):
                     await resume_after_restore(info.pid, default_checkpointer(), device_map(gpu[0].uuids, gpu[1]))
+            running_at = time.time()  # it runs again: a move's lost progress ends here (ferry.policy.lost)
         except (StoreError, CriuError, GpuError, OSError, ValueError, KeyError) as exc:
             error = f"restore of {cmd.checkpoint} on {self.node_id} failed: {exc}"
             log.warning("%s", error)
@@ -123,7 +124,7 @@ class Migrator(LiveTarget, NodeService):
             shutil.rmtree(work_dir_of(images, "restore"), ignore_errors=True)  # a container's (runc's CRIU logs)
         restore_ms = (time.monotonic() - t0) * 1000
         await self.report(wire.NodeEvent(kind="restored", node=self.node_id, job=job.id, incarnation=cmd.incarnation,
-                                         op=cmd.op, pid=info.pid, restore_ms=restore_ms))
+                                         op=cmd.op, pid=info.pid, restore_ms=restore_ms, time=running_at))
 
 
     async def gpu_target(self, snapshot: object, assigned: list[str]) -> tuple[GpuSnapshot, list[GpuInfo]] | None:

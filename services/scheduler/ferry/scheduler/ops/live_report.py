@@ -7,7 +7,8 @@ from ferry.common.opargs import LiveMove
 from ferry.policy.lost import Lost, lost
 
 
-def live_result(job: Job, op: Op, now: float) -> dict[str, Any]:
+def live_result(job: Job, op: Op, now: float, restored_at: float | None = None) -> dict[str, Any]:
+    """What the move measured; `restored_at`: when a pre-copy move's target ran (its node's clock)."""
     a = op.args
     assert isinstance(a, LiveMove)
     frozen, restored, local = a.frozen, a.restored, a.local
@@ -28,14 +29,14 @@ def live_result(job: Job, op: Op, now: float) -> dict[str, Any]:
         "degraded_ms": local.degraded_ms if local else None,
         "bytes_lazy": local.bytes_lazy if local else None,
         "total_ms": (now - op.created) * 1000,
-        "lost_s": None, "lost_basis": None,
-        **(cost.fields() if (cost := move_lost(a, now)) is not None else {}),
+        "lost_s": None, "lost_basis": None, "lost_window_s": None, "lost_cores": None,
+        **(cost.fields() if (cost := move_lost(a, restored_at or now)) is not None else {}),
     }
 
 
 def move_lost(a: LiveMove, now: float) -> Lost | None:
     """What the live move cost the job (ferry.policy.lost): post-copy from its first round's dump to
-    every page on the target; pre-copy to its restore at `now`. None for a move that fell back to an
+    every page on the target; pre-copy to its restore, at `now`. None for a move that fell back to an
     older checkpoint (what it lost is the work since that checkpoint, not measured here)."""
     if a.fallback_error:
         return None

@@ -1,0 +1,279 @@
+"""What a move costs the job: seconds of progress lost against the same job unmoved, for a naive
+stop-and-copy with raw CRIU, `ferry migrate` (cold) and `ferry migrate --live`, in one run.
+
+    .venv/bin/python bench/lost.py [--workloads train,memhog] [--repeat 3] [--modes naive,cold,live]
+                                   [--json PATH] [--md PATH] [--dir DIR] [--keep]
+
+Workloads (each under the wrapper of bench/movebench, which stamps every line the job prints on
+its stderr, wall clock in ns):
+
+- train: ``examples/train.py --width 65536 --sleep 0``, about 1.1 GiB resident, one line per step;
+- memhog: ``examples/memhog.py --mib 1024 --dirty-pct 5 --interval 0.2``, one line per round.
+
+Each move takes the job from "node-1" to "node-2" once it printed ``BEFORE`` lines: naive as
+bench/migrate.py does it (``criu dump``, copy every image, ``criu restore``, the job launched the way
+Ferry launches), cold and live through the real CLI against a real ``ferry up --nodes 2``. Then it
+runs until it printed ``AFTER`` more lines after the move command returned.
+
+Measured from the job's own output, not estimated: its speed unmoved is the mean period of its
+last ``PERIOD_LINES`` lines before the move and of its last ``PERIOD_LINES`` lines at the end (both
+sides, so that a machine a little busier or quieter after the move than before does not count as
+the move's); with ``ref`` its last line before the move began and ``k`` its last line at the end,
+the job unmoved would have printed line ``k`` at ``t_ref + (k - ref) x period``. What it lost is how
+much later it printed it:
+
+    lost = (t_k - t_ref) - (k - ref) x period
+
+Ferry's own figure for the move (``lost_s`` in the move's JSON, ferry.policy.lost) is recorded
+beside it. The modes take turns going first; medians of the repeats with every sample, the ratios
+against the naive move of the same run, and the machine's load are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from benchkit import BenchError, add_run_arguments, emit, machine, machine_line, median, run_directory, uptime
+from movebench.moves import Cluster
+from movebench.workload import PY, ROOT, WRAPPER, await_for, stamps_of
+
+from ferry.criu.binary import find_criu
+from ferry.criu.jobdir import JobDir
+from ferry.criu.launch import launch
+from ferry.criu.linux import is_gone
+from ferry.criu.runner import DUMP_MOUNTS, CriuRunner
+from ferry.node.base import workload_env
+
+WORKLOADS = {
+    "train": [str(ROOT / "examples" / "train.py"), "--steps", "100000", "--sleep", "0", "--width", "65536"],
+    "memhog": [str(ROOT / "examples" / "memhog.py"), "--mib", "1024", "--dirty-pct", "5", "--interval", "0.2"],
+}
+MODES = ("naive", "cold", "live")
+BEFORE = 14  # lines a job prints before it is moved
+PERIOD_LINES = 8  # its speed unmoved: the mean period of its last lines before the move
+AFTER = 14  # lines it prints after the move returned
+GOALS = {"live": 0.5, "cold": 1.0}  # issue 18: lost seconds against naive's
+
+
+def lines(stderr: bytes) -> list[float]:
+    """The times of the job's printed lines (its wrapper's ``r`` stamps; memhog's "ready" counts too)."""
+    _, rounds = stamps_of(b"r 0\n" + stderr)  # stamps_of drops the first: keep every real one
+    return rounds
+
+
+def lost_against_unmoved(stamps: list[float], moved_at: float) -> dict[str, float]:
+    """The module's formula: what the job lost, from its own line stamps."""
+    before = [t for t in stamps if t < moved_at]
+    if len(before) < PERIOD_LINES + 1:
+        raise BenchError(f"only {len(before)} lines before the move")
+    ref, k = len(before) - 1, len(stamps) - 1
+    if k - ref < PERIOD_LINES + 1:
+        raise BenchError(f"only {k - ref} lines after the move")
+    gaps = [b - a for a, b in itertools.pairwise(before[-PERIOD_LINES - 1:])]
+    gaps += [b - a for a, b in itertools.pairwise(stamps[-PERIOD_LINES - 1:])]
+    period = statistics.mean(gaps)
+    return {"lost_s": (stamps[k] - stamps[ref]) - (k - ref) * period, "period_s": period,
+            "lines_after": float(k - ref)}
+
+
+class LostBench:
+    def __init__(self, args: argparse.Namespace, run_dir: Path) -> None:
+        self.args, self.run_dir = args, run_dir
+        self.criu = find_criu() or "criu"
+        self.cluster: Cluster | None = None
+        self.pids: set[int] = set()
+
+    def argv(self, workload: str) -> list[str]:
+        return [PY, "-c", WRAPPER, *WORKLOADS[workload]]
+
+    async def naive(self, tag: str, workload: str) -> dict[str, Any]:
+        base = self.run_dir / tag
+        src, dst = JobDir(base / "node-1" / "job"), JobDir(base / "node-2" / "job").create()
+        info = await launch(src, self.argv(workload), cwd=ROOT, env=workload_env({}), incarnation=1)
+        self.pids.add(info.pid)
+        await await_for(lambda: len(lines(src.stderr.read_bytes())) >= BEFORE, 300, f"{BEFORE} lines of {tag}")
+        src_img, dst_img = base / "node-1" / "images", base / "node-2" / "images"
+        src_img.mkdir(parents=True)
+        dst_img.mkdir(parents=True)
+        moved_at = time.time()
+        await self.criu_run([self.criu, "dump", "-t", str(info.pid), "-D", str(src_img), "-o", "dump.log", "-v4",
+                             *DUMP_MOUNTS])
+        await await_for(lambda: is_gone(info.pid), 30, f"the dumped pid {info.pid} to end")
+        self.pids.discard(info.pid)
+        for f in src_img.iterdir():
+            if f.name != "dump.log":
+                await asyncio.to_thread(shutil.copyfile, f, dst_img / f.name)
+        for name in ("stdout", "stderr"):
+            shutil.copyfile(src.path / name, dst.path / name)
+        fds: dict[int, str] = {}
+        pidfile = dst.path / "restore.pid"
+        try:
+            for name, original in (("stdout", src.stdout), ("stderr", src.stderr)):
+                fds[os.open(dst.path / name, os.O_WRONLY | os.O_APPEND)] = str(original)
+            await self.criu_run(CriuRunner(self.criu).restore_command(dst_img, pidfile, fds), pass_fds=list(fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        back_at = time.time()
+        pid = int(pidfile.read_text().strip())
+        self.pids.add(pid)
+        await self.after(lambda: dst.stderr.read_bytes(), back_at, tag)
+        self.kill(pid)
+        got = lost_against_unmoved(lines(dst.stderr.read_bytes()), moved_at)
+        shutil.rmtree(base, ignore_errors=True)
+        return {**got, "move_s": back_at - moved_at, "ferry_lost_s": None}
+
+    async def ferry(self, tag: str, workload: str, live: bool) -> dict[str, Any]:
+        c = self.cluster
+        assert c is not None
+        await c.json("run", "--name", tag, "--node", "node-1", "--cwd", str(ROOT), "--network", "host", "--",
+                     *self.argv(workload))
+
+        async def stderr() -> bytes:
+            return (await c.cli("logs", tag, "--stream", "stderr")).encode()
+
+        deadline = time.monotonic() + 300
+        while len(lines(await stderr())) < BEFORE:
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out waiting for {BEFORE} lines of {tag}")
+            await asyncio.sleep(0.5)
+        moved_at = time.time()
+        report = await c.json("migrate", tag, "--to", "node-2", *(["--live"] if live else []), timeout=900)
+        back_at = time.time()
+        deadline = time.monotonic() + 300
+        while len([t for t in lines(await stderr()) if t > back_at]) < AFTER:
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out waiting for {AFTER} lines of {tag} after its move")
+            await asyncio.sleep(0.5)
+        got = lost_against_unmoved(lines(await stderr()), moved_at)
+        await c.cli("kill", tag, "--grace", "1s")
+        return {**got, "move_s": back_at - moved_at, "ferry_lost_s": report.get("lost_s"),
+                "ferry_lost_basis": report.get("lost_basis"), "downtime_ms": report.get("downtime_ms")}
+
+    async def after(self, read: Any, since: float, tag: str) -> None:
+        await await_for(lambda: len([t for t in lines(read()) if t > since]) >= AFTER, 300,
+                        f"{AFTER} lines of {tag} after its move")
+
+    async def criu_run(self, argv: list[str], pass_fds: list[int] | None = None) -> None:
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                    pass_fds=pass_fds or [])
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(argv[:2])} failed ({proc.returncode}): {out[-500:]!r}")
+
+    def kill(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.pids.discard(pid)
+
+    def cleanup(self) -> None:
+        for pid in list(self.pids):
+            self.kill(pid)
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    async def run(self) -> dict[str, Any]:
+        if any(m != "naive" for m in self.args.mode_list):
+            self.cluster = Cluster(self.run_dir / "cluster")
+            await asyncio.to_thread(self.cluster.start)
+        samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        turn = 0
+        for workload in self.args.workload_list:
+            samples[workload] = {m: [] for m in self.args.mode_list}
+            for i in range(self.args.repeat):
+                modes = list(self.args.mode_list)
+                modes = modes[turn % len(modes):] + modes[:turn % len(modes)]
+                turn += 1
+                for mode in modes:
+                    tag = f"{workload}-{mode}-{i}"
+                    print(f"{tag} ...", file=sys.stderr, flush=True)
+                    got = await (self.naive(tag, workload) if mode == "naive"
+                                 else self.ferry(tag, workload, live=mode == "live"))
+                    own = got.get("ferry_lost_s")
+                    print(f"  lost {got['lost_s']:.2f} s" + (f" (Ferry's own figure: {own:.2f} s)"
+                                                             if own is not None else ""), file=sys.stderr, flush=True)
+                    samples[workload][mode].append(got)
+        return samples
+
+
+def report(samples: dict[str, dict[str, list[dict[str, Any]]]], repeat: int, mach: dict[str, Any],
+           load: tuple[str, str]) -> tuple[dict[str, Any], str]:
+    out = ["| workload | move | lost s, median [samples] | vs naive | goal | Ferry's own lost_s, median [samples] "
+           "| move command s | period s |", "|---|---|---|---|---|---|---|---|"]
+    result: dict[str, Any] = {"repeat": repeat, "machine": mach, "load_before": load[0], "load_after": load[1],
+                              "rows": []}
+    for workload, modes in samples.items():
+        naive = median([s["lost_s"] for s in modes["naive"]]) if modes.get("naive") else None
+        for mode, got in modes.items():
+            lost = median([s["lost_s"] for s in got])
+            own = [s["ferry_lost_s"] for s in got if s.get("ferry_lost_s") is not None]
+            ratio = lost / naive if naive and mode != "naive" else None
+            goal = GOALS.get(mode)
+            verdict = "-" if ratio is None or goal is None else (
+                f"<= {goal}x: " + ("met" if ratio <= goal else "**no**"))
+            each = ", ".join(f"{s['lost_s']:.2f}" for s in got)
+            out.append(f"| {workload} | {mode} | {lost:.2f} [{each}] | "
+                       + (f"{ratio:.2f}x" if ratio is not None else "-") + f" | {verdict} | "
+                       + (f"{median(own):.2f} [{', '.join(f'{x:.2f}' for x in own)}]" if own else "-") + " | "
+                       + f"{median([s['move_s'] for s in got]):.2f} | {median([s['period_s'] for s in got]):.3f} |")
+            result["rows"].append({"workload": workload, "mode": mode, "lost_s": lost, "ratio_vs_naive": ratio,
+                                   "ferry_lost_s": median(own) if own else None, "samples": got})
+    text = "\n".join([f"Lost seconds against the job unmoved; median of {repeat}; modes rotate which goes first.",
+                      "", *out, "", machine_line(mach, *load)])
+    return result, text
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: train,memhog")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: naive,cold,live")
+    p.add_argument("--repeat", type=int, default=3)
+    add_run_arguments(p)
+    args = p.parse_args(argv)
+    args.workload_list = [w for w in args.workloads.split(",") if w]
+    args.mode_list = [m for m in MODES if m in args.modes.split(",")]
+    if not args.workload_list or any(w not in WORKLOADS for w in args.workload_list):
+        p.error(f"--workloads: a comma-separated subset of {','.join(WORKLOADS)}")
+    if not args.mode_list or args.repeat < 1:
+        p.error(f"--modes: a comma-separated subset of {','.join(MODES)}; --repeat >= 1")
+    return args
+
+
+def on_term(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, on_term)
+    with run_directory(args.dir, args.keep, "ferry-lost-") as run_dir:
+        bench = LostBench(args, run_dir)
+        load_before = uptime()
+        try:
+            samples = asyncio.run(bench.run())
+        except BenchError as exc:
+            print(f"bench/lost.py: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            bench.cleanup()
+        result, text = report(samples, args.repeat, machine(run_dir), (load_before, uptime()))
+    emit(result, text, args.json, args.md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
