@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ferry.common.ports import free_port
@@ -186,3 +187,12 @@ class Cluster:
 
     def job_stdout(self, node: str, job_id: str) -> Path:
         return self.data_dir / "nodes" / node / "jobs" / job_id / "stdout"
+
+
+def _exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends a benchmark as Ctrl-C does: its ``finally`` blocks stop what it started."""
+    signal.signal(signal.SIGTERM, _exit)

@@ -40,10 +40,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from benchkit import BenchError, Cluster, dir_bytes, machine, median, read_bytes, run_directory, uptime, wait_for
+from benchkit import (
+    BenchError,
+    Cluster,
+    dir_bytes,
+    exit_on_sigterm,
+    machine,
+    median,
+    read_bytes,
+    run_directory,
+    uptime,
+    wait_for,
+)
 
 from ferry.criu.binary import find_criu
 from ferry.criu.errors import ImageError
@@ -434,13 +444,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def on_term(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_term)
+    exit_on_sigterm()
     if find_criu() is None:
         print("criu not found: run ./setup.sh", file=sys.stderr)
         return 1

@@ -41,10 +41,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from benchkit import BenchError, add_run_arguments, emit, machine, machine_line, median, run_directory, uptime
+from benchkit import (
+    BenchError,
+    add_run_arguments,
+    emit,
+    exit_on_sigterm,
+    machine,
+    machine_line,
+    median,
+    run_directory,
+    uptime,
+)
 from movebench.moves import Cluster
 from movebench.workload import PY, ROOT, WRAPPER, await_for, stamps_of
 
@@ -253,13 +262,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def on_term(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_term)
+    exit_on_sigterm()
     with run_directory(args.dir, args.keep, "ferry-lost-") as run_dir:
         bench = LostBench(args, run_dir)
         load_before = uptime()

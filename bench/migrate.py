@@ -56,10 +56,9 @@ import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from benchkit import emit, machine, run_directory, uptime
+from benchkit import emit, exit_on_sigterm, machine, run_directory, uptime
 from movebench.moves import Bench, Cluster, Sample
 from movebench.report import markdown, summarize
 from movebench.workload import FERRY, MODES, mem_available
@@ -104,10 +103,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def on_term(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def progress(mode: str, sample: Sample) -> str:
     own = f" (its own: {sample.ferry_downtime_ms:.0f} ms)" if sample.ferry_downtime_ms is not None else ""
     text = f"{mode} {sample.downtime_s * 1000:.0f} ms{own}"
@@ -150,7 +145,7 @@ async def run(args: argparse.Namespace, bench: Bench) -> tuple[list[dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_term)
+    exit_on_sigterm()
     if find_criu() is None:
         print("criu not found: run ./setup.sh", file=sys.stderr)
         return 1
