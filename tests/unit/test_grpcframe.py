@@ -55,6 +55,8 @@ def test_the_end_of_a_call_is_its_grpc_status_or_its_http_status() -> None:
     assert status_of([(":status", "200"), ("grpc-status", "0")]) is None
     failure = status_of([("grpc-status", "5"), ("grpc-message", "no%20job")])
     assert failure is not None and (failure.code(), failure.details()) == (Status.NOT_FOUND, "no job")
+    spaced = status_of([("grpc-status", "14 "), ("grpc-message", "cannot read r3: ")])  # trimmed, as grpcio does
+    assert spaced is not None and (spaced.code(), spaced.details()) == (Status.UNAVAILABLE, "cannot read r3:")
     odd = status_of([("grpc-status", "99")])
     assert odd is not None and odd.code() == Status.UNKNOWN
     proxy = status_of([(":status", "503")])

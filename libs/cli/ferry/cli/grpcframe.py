@@ -121,7 +121,7 @@ _HTTP_STATUS = {400: Status.INTERNAL, 401: Status.UNAUTHENTICATED, 403: Status.P
 def status_of(headers: Iterable[tuple[str, str]]) -> RpcFailure | None:
     """The call's end from the headers or trailers that carry it: None when OK, else the failure.
     Headers without ``grpc-status`` fail by their HTTP status (a proxy's, not the API's)."""
-    found = dict(headers)
+    found = {k.strip(): v.strip() for k, v in headers}
     code = found.get("grpc-status")
     if code is None:
         http = int(found.get(":status", "0") or 0)
@@ -140,7 +140,7 @@ def status_of(headers: Iterable[tuple[str, str]]) -> RpcFailure | None:
 
 def http_error(headers: Iterable[tuple[str, str]]) -> RpcFailure | None:
     """A response's first headers that are not a gRPC answer at all (wrong HTTP status or type)."""
-    found = dict(headers)
+    found = {k.strip(): v.strip() for k, v in headers}
     http = int(found.get(":status", "0") or 0)
     if http != 200:
         return RpcFailure(_HTTP_STATUS.get(http, Status.UNKNOWN),
