@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from ferry.common import wire
-from ferry.common.errors import ConfigError, FerryError, NotFoundError, UsageError
+from ferry.common.errors import ConfigError, FerryError, NotFoundError, UsageError, describe
 from ferry.common.models import (
     AutoscalePolicy,
     CheckpointRecord,
@@ -158,7 +158,7 @@ class Table(Generic[M]):
         try:
             return await self._call("watch", lambda: self._kv.watchall())
         except nats.errors.Error as exc:
-            raise BusError(f"cannot watch {self._bucket}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot watch {self._bucket}: {describe(exc)}") from exc
 
     @contextlib.asynccontextmanager
     async def watching(self, key: str, changed: asyncio.Event | None = None) -> AsyncIterator[asyncio.Event]:
@@ -181,7 +181,7 @@ class Table(Generic[M]):
             subject = f"$KV.{self._bucket}.{'>' if key == '>' else wire.token(key)}"
             sub = await self._nc.subscribe(subject, cb=on_write)
         except nats.errors.Error as exc:
-            raise BusError(f"cannot watch {key} in {self._bucket}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot watch {key} in {self._bucket}: {describe(exc)}") from exc
         try:
             yield changed
         finally:
@@ -207,7 +207,7 @@ class Table(Generic[M]):
         try:
             return await retrying(attempt)
         except _UNANSWERED as exc:
-            raise BusError(f"cannot {what} in {self._bucket}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot {what} in {self._bucket}: {describe(exc)}") from exc
 
     async def get_rev(self, key: str) -> tuple[M, int] | None:
         try:
@@ -215,7 +215,7 @@ class Table(Generic[M]):
         except nats.js.errors.KeyNotFoundError:
             return None
         except nats.errors.Error as exc:
-            raise BusError(f"cannot read {key} from {self._bucket}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot read {key} from {self._bucket}: {describe(exc)}") from exc
         if entry.value is None or entry.revision is None:
             return None
         return wire.decode(self._model, entry.value), entry.revision
@@ -224,7 +224,7 @@ class Table(Generic[M]):
         try:
             return int(await self._call(f"write {key}", lambda: self._kv.put(key, wire.encode(value))))
         except nats.errors.Error as exc:
-            raise BusError(f"cannot write {key} to {self._bucket}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot write {key} to {self._bucket}: {describe(exc)}") from exc
 
     async def create(self, key: str, value: M) -> int:
         try:
@@ -254,7 +254,7 @@ class Table(Generic[M]):
             info = await self._call("list keys", lambda: self._js.stream_info(f"KV_{self._bucket}",
                                                                                subjects_filter=f"{base}{prefix}>"))
         except nats.errors.Error as exc:
-            raise BusError(f"cannot list {self._bucket}: {exc}") from exc
+            raise BusError(f"cannot list {self._bucket}: {describe(exc)}") from exc
         subjects = info.state.subjects or {}
         return sorted(s[len(base):] for s in subjects if s.startswith(base + prefix))
 
@@ -267,7 +267,7 @@ class Table(Generic[M]):
         try:
             info = await self._call("read the state", lambda: self._js.stream_info(f"KV_{self._bucket}"))
         except nats.errors.Error as exc:
-            raise BusError(f"cannot read the state of {self._bucket}: {exc}") from exc
+            raise BusError(f"cannot read the state of {self._bucket}: {describe(exc)}") from exc
         return int(info.state.last_seq or 0)
 
 
@@ -389,7 +389,7 @@ class Bus:
             self.autoscale = await self._table(wire.KV_AUTOSCALE, AutoscalePolicy)
             self.fleet = await self._table(wire.KV_FLEET, FleetNode)
         except nats.errors.Error as exc:
-            raise BusError(f"cannot set up JetStream streams and buckets: {exc}") from exc
+            raise BusError(f"cannot set up JetStream streams and buckets: {describe(exc)}") from exc
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
         try:
@@ -418,7 +418,7 @@ class Bus:
         try:
             await self.js.publish(subject, wire.encode(message), headers=headers)
         except (TimeoutError, nats.errors.Error) as exc:
-            raise BusError(f"cannot publish to {subject}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot publish to {subject}: {describe(exc)}") from exc
 
     async def read_since(self, stream: str, subject: str, since: float, limit: int) -> list[bytes]:
         """The bodies of the messages of ``subject`` in ``stream`` stored from ``since`` (epoch
@@ -430,7 +430,7 @@ class Bus:
         try:
             sub = await self.js.pull_subscribe(subject, stream=stream, config=config)
         except (TimeoutError, nats.errors.Error) as exc:
-            raise BusError(f"cannot read {stream}: {exc or type(exc).__name__}") from exc
+            raise BusError(f"cannot read {stream}: {describe(exc)}") from exc
         bodies: list[bytes] = []
         try:
             while True:

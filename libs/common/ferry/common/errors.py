@@ -87,3 +87,9 @@ def from_kind(kind: str, message: str, exit_code: int | None = None) -> FerryErr
     if exit_code is not None and kind not in _KINDS:
         exc.exit_code = exit_code  # an error from before kinds crossed the bus: its code is all there is
     return exc
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line of an error message: its text, or its type's name when it has none
+    (some client libraries raise timeouts with no text, which left messages ending in ": ")."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -20,6 +20,7 @@ import contextlib
 import logging
 
 from ferry.common import wire
+from ferry.common.errors import describe
 from ferry.common.mirror import Mirror
 from ferry.common.models import Event, Node, NodeState, now
 from ferry.common.service import Service, service_main
@@ -53,7 +54,7 @@ class Health(Service):
             try:
                 await self.sweep()
             except Exception as exc:
-                self.bus_trouble(f"health sweep failed ({exc or type(exc).__name__})")
+                self.bus_trouble(f"health sweep failed ({describe(exc)})")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_interval_s)
 
