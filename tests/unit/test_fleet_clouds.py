@@ -14,7 +14,7 @@ from ferry.common.config import load_settings
 from ferry.common.errors import ConfigError
 from ferry.fleet.azure import AzureProvider
 from ferry.fleet.cloud import CloudConfig
-from ferry.fleet.gcp import GcpProvider
+from ferry.fleet.gcp import GcpProvider, provided
 from ferry.fleet.kube import KubeProvider
 from ferry.fleet.provider import InstanceType, LaunchRefused, ProviderError
 from ferry.fleet.providers import make_provider
@@ -58,6 +58,12 @@ async def test_gcp_launches_a_spot_instance_and_sees_it_preempted(tmp_path: Path
     assert [(n.id, n.state, n.interrupted) for n in await gcp.nodes()] == [("auto-1", "running", False)]
     double.gcp_preempt("auto-1")
     assert [(n.id, n.state, n.interrupted) for n in await gcp.nodes()] == [("auto-1", "terminated", True)]
+    # listed still (its deletion under way) while its preemption's operation is already there
+    still = provided({"name": "auto-2", "status": "STOPPING", "labels": {"ferry-node": "auto-2"}}, {"auto-2"})
+    assert (still.interrupted, still.reason) == (True, "preempted by Compute Engine")
+    told = provided({"name": "auto-3", "status": "STOPPING", "statusMessage": "Instance was preempted."}, {"auto-3"})
+    assert told.reason == "Instance was preempted."
+    assert provided({"name": "auto-4", "status": "RUNNING"}, set()).reason == ""
 
 
 async def test_gcp_refusals_leave_nothing_and_termination_deletes(tmp_path: Path, double: CloudDouble) -> None:

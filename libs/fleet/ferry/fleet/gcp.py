@@ -62,6 +62,9 @@ def insert_body(config: CloudConfig, node_id: str, offer: InstanceType) -> dict[
     return body
 
 
+PREEMPTED = "preempted by Compute Engine"
+
+
 def provided(instance: dict[str, Any], preempted: set[str]) -> ProvidedNode:
     name = str(instance.get("name", ""))
     return ProvidedNode(id=str(instance.get("labels", {}).get(NODE_TAG, name)),
@@ -69,7 +72,9 @@ def provided(instance: dict[str, Any], preempted: set[str]) -> ProvidedNode:
                         zone=str(instance.get("zone", "")).rsplit("/", 1)[-1],
                         spot=instance.get("scheduling", {}).get("provisioningModel") == "SPOT",
                         state=STATES.get(str(instance.get("status", "")), "failed"),
-                        reason=str(instance.get("statusMessage", "")), interrupted=name in preempted)
+                        # still listed while its preemption's operation is already there: say so
+                        reason=str(instance.get("statusMessage", "")) or (PREEMPTED if name in preempted else ""),
+                        interrupted=name in preempted)
 
 
 class GcpProvider:
@@ -141,5 +146,5 @@ class GcpProvider:
             # a preempted spot instance is deleted (instanceTerminationAction): its operation remains
             gone = preempted - {n.id for n in found}
             out += found + [ProvidedNode(id=n, instance_type="", zone=zone, spot=True, state="terminated",
-                                         reason="preempted by Compute Engine", interrupted=True) for n in sorted(gone)]
+                                         reason=PREEMPTED, interrupted=True) for n in sorted(gone)]
         return out
