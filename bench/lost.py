@@ -34,13 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 import shutil
-import signal
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from benchkit import (
@@ -54,14 +51,11 @@ from benchkit import (
     run_directory,
     uptime,
 )
-from movebench.moves import Cluster
+from movebench.moves import Bench, Cluster
 from movebench.workload import PY, ROOT, WRAPPER, await_for, stamps_of
 
-from ferry.criu.binary import find_criu
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch
-from ferry.criu.linux import is_gone
-from ferry.criu.runner import DUMP_MOUNTS, CriuRunner
 from ferry.node.base import workload_env
 
 WORKLOADS = {
@@ -96,58 +90,32 @@ def lost_against_unmoved(stamps: list[float], moved_at: float) -> dict[str, floa
             "lines_after": float(k - ref)}
 
 
-class LostBench:
-    def __init__(self, args: argparse.Namespace, run_dir: Path) -> None:
-        self.args, self.run_dir = args, run_dir
-        self.criu = find_criu() or "criu"
-        self.cluster: Cluster | None = None
-        self.pids: set[int] = set()
+class LostBench(Bench):
+    """bench/migrate.py's mover (its naive stop-and-copy, its processes and cluster to clean up),
+    moving the workloads here and measuring what the moves cost them."""
 
-    def argv(self, workload: str) -> list[str]:
+    def workload(self, workload: str) -> list[str]:
         return [PY, "-c", WRAPPER, *WORKLOADS[workload]]
 
-    async def naive(self, tag: str, workload: str) -> dict[str, Any]:
+    async def naive_lost(self, tag: str, workload: str) -> dict[str, Any]:
         base = self.run_dir / tag
-        src, dst = JobDir(base / "node-1" / "job"), JobDir(base / "node-2" / "job").create()
-        info = await launch(src, self.argv(workload), cwd=ROOT, env=workload_env({}), incarnation=1)
+        src = JobDir(base / "node-1" / "job")
+        info = await launch(src, self.workload(workload), cwd=ROOT, env=workload_env({}), incarnation=1)
         self.pids.add(info.pid)
         await await_for(lambda: len(lines(src.stderr.read_bytes())) >= BEFORE, 300, f"{BEFORE} lines of {tag}")
-        src_img, dst_img = base / "node-1" / "images", base / "node-2" / "images"
-        src_img.mkdir(parents=True)
-        dst_img.mkdir(parents=True)
-        moved_at = time.time()
-        await self.criu_run([self.criu, "dump", "-t", str(info.pid), "-D", str(src_img), "-o", "dump.log", "-v4",
-                             *DUMP_MOUNTS])
-        await await_for(lambda: is_gone(info.pid), 30, f"the dumped pid {info.pid} to end")
-        self.pids.discard(info.pid)
-        for f in src_img.iterdir():
-            if f.name != "dump.log":
-                await asyncio.to_thread(shutil.copyfile, f, dst_img / f.name)
-        for name in ("stdout", "stderr"):
-            shutil.copyfile(src.path / name, dst.path / name)
-        fds: dict[int, str] = {}
-        pidfile = dst.path / "restore.pid"
-        try:
-            for name, original in (("stdout", src.stdout), ("stderr", src.stderr)):
-                fds[os.open(dst.path / name, os.O_WRONLY | os.O_APPEND)] = str(original)
-            await self.criu_run(CriuRunner(self.criu).restore_command(dst_img, pidfile, fds), pass_fds=list(fds))
-        finally:
-            for fd in fds:
-                os.close(fd)
-        back_at = time.time()
-        pid = int(pidfile.read_text().strip())
-        self.pids.add(pid)
-        await self.after(lambda: dst.stderr.read_bytes(), back_at, tag)
-        self.kill(pid)
-        got = lost_against_unmoved(lines(dst.stderr.read_bytes()), moved_at)
+        m = await self.stop_and_copy(info.pid, src, base)
+        await await_for(lambda: len([t for t in lines(m.dst.stderr.read_bytes()) if t > m.restored]) >= AFTER, 300,
+                        f"{AFTER} lines of {tag} after its move")
+        self.kill(m.pid)
+        got = lost_against_unmoved(lines(m.dst.stderr.read_bytes()), m.started)
         shutil.rmtree(base, ignore_errors=True)
-        return {**got, "move_s": back_at - moved_at, "ferry_lost_s": None}
+        return {**got, "move_s": m.restored - m.started, "ferry_lost_s": None}
 
-    async def ferry(self, tag: str, workload: str, live: bool) -> dict[str, Any]:
+    async def ferry_lost(self, tag: str, workload: str, live: bool) -> dict[str, Any]:
         c = self.cluster
         assert c is not None
         await c.json("run", "--name", tag, "--node", "node-1", "--cwd", str(ROOT), "--network", "host", "--",
-                     *self.argv(workload))
+                     *self.workload(workload))
 
         async def stderr() -> bytes:
             return (await c.cli("logs", tag, "--stream", "stderr")).encode()
@@ -170,31 +138,6 @@ class LostBench:
         return {**got, "move_s": back_at - moved_at, "ferry_lost_s": report.get("lost_s"),
                 "ferry_lost_basis": report.get("lost_basis"), "downtime_ms": report.get("downtime_ms")}
 
-    async def after(self, read: Any, since: float, tag: str) -> None:
-        await await_for(lambda: len([t for t in lines(read()) if t > since]) >= AFTER, 300,
-                        f"{AFTER} lines of {tag} after its move")
-
-    async def criu_run(self, argv: list[str], pass_fds: list[int] | None = None) -> None:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                                                    pass_fds=pass_fds or [])
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise BenchError(f"{' '.join(argv[:2])} failed ({proc.returncode}): {out[-500:]!r}")
-
-    def kill(self, pid: int) -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.pids.discard(pid)
-
-    def cleanup(self) -> None:
-        for pid in list(self.pids):
-            self.kill(pid)
-        if self.cluster is not None:
-            self.cluster.stop()
-
     async def run(self) -> dict[str, Any]:
         if any(m != "naive" for m in self.args.mode_list):
             self.cluster = Cluster(self.run_dir / "cluster")
@@ -210,8 +153,8 @@ class LostBench:
                 for mode in modes:
                     tag = f"{workload}-{mode}-{i}"
                     print(f"{tag} ...", file=sys.stderr, flush=True)
-                    got = await (self.naive(tag, workload) if mode == "naive"
-                                 else self.ferry(tag, workload, live=mode == "live"))
+                    got = await (self.naive_lost(tag, workload) if mode == "naive"
+                                 else self.ferry_lost(tag, workload, live=mode == "live"))
                     own = got.get("ferry_lost_s")
                     print(f"  lost {got['lost_s']:.2f} s" + (f" (Ferry's own figure: {own:.2f} s)"
                                                              if own is not None else ""), file=sys.stderr, flush=True)

@@ -50,6 +50,19 @@ from movebench.workload import (
 
 
 @dataclass
+class StopAndCopy:
+    """What a naive move did (``Bench.stop_and_copy``): times are wall clock, in seconds."""
+
+    dst: JobDir
+    started: float
+    dumped: float
+    copied: float
+    restored: float
+    pid: int  # the restored tree's
+    bytes_moved: int
+
+
+@dataclass
 class Sample:
     kind: str
     mib: int
@@ -202,8 +215,10 @@ class Bench:
         )
         return src, info.pid, base
 
-    async def naive(self, tag: str, mib: int, dirty: float) -> Sample:
-        src, pid, base = await self.start(tag, mib, dirty)
+    async def stop_and_copy(self, pid: int, src: JobDir, base: Path) -> StopAndCopy:
+        """A naive move of the tree of `pid` (its job folder `src`, on "node-1" under `base`) to
+        "node-2": raw ``criu dump`` (the tree ends), every image and output file copied, raw ``criu
+        restore`` there (the shim's command line)."""
         dst = JobDir(base / "node-2" / "job").create()
         src_img, dst_img = base / "node-1" / "images", base / "node-2" / "images"
         src_img.mkdir(parents=True)
@@ -245,29 +260,34 @@ class Bench:
         if len(nspid) != 2 or nspid[-1] != 1:
             raise BenchError(f"naive restore: pid {new_pid} is not PID 1 of a new PID namespace ({nspid})")
         shutil.rmtree(src_img, ignore_errors=True)
-        await self.after(dst, t_restored)
-        self.kill(new_pid)
-        beats, rounds = stamps(dst.stderr)
-        before, _ = rate(rounds, t0 - 30, t0)
-        after, _ = rate(rounds, t_restored, time.time())
+        return StopAndCopy(dst, t0, t_dumped, t_copied, t_restored, new_pid, moved)
+
+    async def naive(self, tag: str, mib: int, dirty: float) -> Sample:
+        src, pid, base = await self.start(tag, mib, dirty)
+        m = await self.stop_and_copy(pid, src, base)
+        await self.after(m.dst, m.restored)
+        self.kill(m.pid)
+        beats, rounds = stamps(m.dst.stderr)
+        before, _ = rate(rounds, m.started - 30, m.started)
+        after, _ = rate(rounds, m.restored, time.time())
         sample = Sample(
             kind="naive",
             mib=mib,
             dirty=dirty,
-            downtime_s=gap_around(beats, t_dumped),
+            downtime_s=gap_around(beats, m.dumped),
             parts_ms={
-                "dump": (t_dumped - t0) * 1000,
-                "copy": (t_copied - t_dumped) * 1000,
-                "restore": (t_restored - t_copied) * 1000,
+                "dump": (m.dumped - m.started) * 1000,
+                "copy": (m.copied - m.dumped) * 1000,
+                "restore": (m.restored - m.copied) * 1000,
             },
             degraded_s=0.0,
             rate_before=before,
             rate_degraded=None,
             rate_after=after,
             degraded_rounds=0,
-            bytes_moved_at_freeze=moved,
+            bytes_moved_at_freeze=m.bytes_moved,
             bytes_lazy=None,
-            rounds=round_lines(dst.stdout),
+            rounds=round_lines(m.dst.stdout),
         )
         shutil.rmtree(base, ignore_errors=True)
         return sample

@@ -57,7 +57,7 @@ class UsageSampler:
             prev = self._cpu.get(job)
             cores = 0.0
             if prev is not None and prev[2] == info.incarnation and t > prev[1]:
-                cores = max(0.0, (cpu_s - prev[0]) / (t - prev[1]))
+                cores = _cores(prev, cpu_s, t)
             self._cpu[job] = (cpu_s, t, info.incarnation)
             peak, inc = self._peak.get(job, (0, info.incarnation))
             peak = max(rss, peak if inc == info.incarnation else 0)
@@ -87,7 +87,7 @@ class UsageSampler:
         cpu_s, t = got[1], time.time()
         prev, last = self._cpu.get(job), self._last.get(job)
         if prev is not None and prev[2] == incarnation and t - prev[1] >= MIN_SPAN_S:
-            return cpu_s, round(max(0.0, (cpu_s - prev[0]) / (t - prev[1])), 3)
+            return cpu_s, round(_cores(prev, cpu_s, t), 3)
         return cpu_s, last.cpu if last is not None and prev is not None and prev[2] == incarnation else None
 
     def _gpu(self, pids: set[int]) -> tuple[int, float]:
@@ -97,6 +97,11 @@ class UsageSampler:
             return self.gpu_use(pids)
         except Exception:
             return 0, 0.0
+
+
+def _cores(prev: tuple[float, float, int], cpu_s: float, t: float) -> float:
+    """The cores used between the sample ``prev`` (cpu seconds, at, incarnation) and now."""
+    return max(0.0, (cpu_s - prev[0]) / (t - prev[1]))
 
 
 def tree_usage(pid: int) -> tuple[int, float, set[int]] | None:

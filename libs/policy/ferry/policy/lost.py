@@ -37,6 +37,11 @@ class Lost:
                 "lost_window_s": None if self.window_s is None else round(self.window_s, 3), "lost_cores": self.cores}
 
 
+def fields(cost: Lost | None) -> dict[str, float | str | None]:
+    """A move's figure as its JSON carries it: every key, None where it was not measured."""
+    return cost.fields() if cost is not None else dict.fromkeys(("lost_s", "lost_basis", "lost_window_s", "lost_cores"))
+
+
 def lost(window_s: float, used_cpu_s: float | None, cores: float | None, paused_s: float) -> Lost:
     """The progress a move cost (see the module): ``window_s`` from the first dump to full speed
     again, ``used_cpu_s`` the CPU seconds the job used in it (None: not known), ``cores`` its rate

@@ -4,7 +4,7 @@ from typing import Any
 
 from ferry.common.models import Job, Op
 from ferry.common.opargs import LiveMove
-from ferry.policy.lost import Lost, lost
+from ferry.policy.lost import Lost, fields, lost
 
 
 def live_result(job: Job, op: Op, now: float, restored_at: float | None = None) -> dict[str, Any]:
@@ -29,8 +29,7 @@ def live_result(job: Job, op: Op, now: float, restored_at: float | None = None) 
         "degraded_ms": local.degraded_ms if local else None,
         "bytes_lazy": local.bytes_lazy if local else None,
         "total_ms": (now - op.created) * 1000,
-        "lost_s": None, "lost_basis": None, "lost_window_s": None, "lost_cores": None,
-        **(cost.fields() if (cost := move_lost(a, restored_at or now)) is not None else {}),
+        **fields(move_lost(a, restored_at or now)),
     }
 
 

@@ -68,10 +68,10 @@ def on_restored(job: Job, op: Op, ev: wire.NodeEvent, now: float) -> Step:
     result: dict[str, Any] | None = None  # a move's: what it cost the job (ferry.policy.lost)
     if isinstance(op.args, LiveMove):
         result = live_result(job, op, now, restored_at=ev.time)
-        job.last_move_lost_s = result["lost_s"]
     elif isinstance(op.args, ColdMove) and (cost := cold_lost(op.args.dumped_at, ev.time)) is not None:
         result = {**op.result, **cost.fields()}
-        job.last_move_lost_s = round(cost.seconds, 3)
+    if result is not None:
+        job.last_move_lost_s = result["lost_s"]
     s.save_job("restored", f"on {ev.node} (pid {ev.pid})")
     if isinstance(op.args, LiveMove):
         fallback = op.args.fallback_error
