@@ -4,6 +4,8 @@ checkpoint (its output identical to a run without Ferry), a launch the provider 
 the cluster as it was, bad bounds are refused, and a right-sized job that outgrows its node gets
 a bigger one. Real CLI, cluster, CRIU."""
 
+import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster, reference_output, wait_until
+from tests.conftest import BIN, Cluster, reference_output, wait_until
 from tests.e2e.test_control import FAST, make_cluster, train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
@@ -39,6 +41,17 @@ def fleet(criu_bin: str) -> Iterator[Cluster]:
 
 def fleet_nodes(c: Cluster) -> dict[str, dict[str, Any]]:
     return {n["id"]: n for n in c.json("autoscale")["fleet"]}
+
+
+def diagnosis(c: Cluster, job: str, *nodes: str) -> str:
+    """Where a move the test waits for stands: the job's record and events, the nodes, the fleet,
+    and the deciding services' logs."""
+    parts = [f"status: {c.ferry('status', job, '-o', 'json', check=False).stdout}",
+             f"nodes: {c.ferry('nodes', check=False).stdout}",
+             f"fleet: {c.ferry('autoscale', check=False).stdout}",
+             f"explain: {c.ferry('explain', job, check=False).stdout}"]
+    on_nodes = [f"{svc}@{n}" for n in nodes for svc in ("checkpointer", "migrator")]
+    return "\n".join(parts) + "\n" + c.log_tails("scheduler", "autoscaler", "health", *on_nodes, lines=40)
 
 
 def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_nothing(fleet: Cluster) -> None:
@@ -90,13 +103,24 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
     assert [n["id"] for n in c.json("nodes")] == ["n1"]
 
     # a job that only a "big" node fits: the provider has none left, the cluster stays as it was
-    c.json("run", "--name", "wide", "--cpus", "6", "--", "sleep", "600")
-    failed = wait_until(lambda: [n for n in fleet_nodes(c).values() if n["state"] == "failed"], 60,
-                        "the provider to refuse the launch")
-    assert failed[0]["offer"] == "big/local-a/on-demand"
-    assert "insufficient capacity" in failed[0]["reason"]
-    assert [n["id"] for n in c.json("nodes")] == ["n1"]
-    assert c.json("status", "wide")["state"] == "pending"
+    events = subprocess.Popen([str(BIN / "ferry"), "events", "-o", "json"], env=c.env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        wide = c.json("run", "--name", "wide", "--cpus", "6", "--", "sleep", "600")
+        failed = wait_until(lambda: [n for n in fleet_nodes(c).values() if n["state"] == "failed"], 60,
+                            "the provider to refuse the launch")
+        assert failed[0]["offer"] == "big/local-a/on-demand"
+        assert "insufficient capacity" in failed[0]["reason"]
+        assert [n["id"] for n in c.json("nodes")] == ["n1"]
+        assert c.json("status", "wide")["state"] == "pending"
+        time.sleep(4)  # a few more plans, each finding wide stuck for the same reason
+    finally:
+        events.terminate()
+        out, _ = events.communicate(timeout=30)
+    blocked = [e for line in out.splitlines() if (e := json.loads(line))["kind"] == "scale_up_blocked"
+               and e["data"].get("job") == wide["id"]]
+    assert len(blocked) == 1, blocked  # said once while the reason stays the same
+    assert "launches of some were refused" in blocked[0]["message"]
     c.ferry("kill", "wide")
 
 
@@ -145,7 +169,8 @@ def test_a_job_that_outgrows_its_node_gets_one_that_fits_and_its_output_is_ident
                           "a node for the outgrown job")
     assert launched[0]["offer"] == "highmem/local-a/on-demand"
     moved = wait_until(lambda: (s := c.json("status", "grow"))["node"] == launched[0]["id"]
-                       and s["state"] == "running" and s, 180, "the job to move to the new node")
+                       and s["state"] == "running" and s, 180, "the job to move to the new node",
+                       explain=lambda: diagnosis(c, "grow", "n1", launched[0]["id"]))
     assert moved["right_size"] is True and moved["memory_bytes"] > 1 << 30
     assert moved["outgrown"] is False
     go.touch()

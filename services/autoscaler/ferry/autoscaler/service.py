@@ -145,14 +145,15 @@ class Autoscaler(Service):
     async def emit(self, kind: str, node: str, message: str, **data: Any) -> None:
         assert self.bus is not None
         log.info("%s %s: %s", kind, node, message)
-        await self.bus.publish(wire.cluster_event_subject(kind, node),
+        # an event about no node (a job no launch helps) has no key: "" is no subject token
+        await self.bus.publish(wire.cluster_event_subject(kind, node or None),
                                Event(kind=kind, node=node, message=message, data=data))
 
     async def run(self) -> None:
         while not self.stopping.is_set():
             self.changed.clear()
             try:
-                await self.step()
+                await self.step_bounded(self.step())  # a provider's call may take its 30 s timeout
             except FerryError as exc:
                 log.error("autoscaling: %s", exc)
             with contextlib.suppress(TimeoutError):
@@ -192,12 +193,16 @@ class Autoscaler(Service):
         t = now()
         nodes = self.nodes.view()
         offers = [offer_of(o, nodes, t) for o in self.offers]
-        result = autoscale.plan(policy, self.fleet_view(t, nodes, offers), offers, t, self.underused)
+        fleet = self.fleet_view(t, nodes, offers)
+        result = autoscale.plan(policy, fleet, offers, t, self.underused)
         self.underused = result.underused_since
         for job, why in result.stuck.items():
             if self.last_stuck.get(job) != why:
                 await self.emit("scale_up_blocked", "", f"job {job}: {why}", job=job)
-        self.last_stuck = dict(result.stuck)
+        # said once per job and reason while it waits: a step in between that counts a launch
+        # under way for it (then refused) does not make the same event again
+        waiting = {j.id for j, _ in fleet.waiting}
+        self.last_stuck = {job: why for job, why in {**self.last_stuck, **result.stuck}.items() if job in waiting}
         for action in result.actions:
             if isinstance(action, autoscale.ScaleUp):
                 await self.launch(action)
