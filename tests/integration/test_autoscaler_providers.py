@@ -144,7 +144,7 @@ async def test_an_autoscaler_killed_or_paused_mid_launch_launches_once_and_recor
         assert record is not None and record.state == "launching"
         if how == "killed":
             first.kill()
-            first.wait(10)
+            await asyncio.to_thread(first.wait, 10)
             second = start()
             await asyncio.sleep(2)  # the new one reads the record and follows the launch; nothing more
         else:
@@ -163,6 +163,6 @@ async def test_an_autoscaler_killed_or_paused_mid_launch_launches_once_and_recor
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
-                proc.terminate()
-                proc.wait(30)
+                proc.terminate()  # and the double answers its last calls meanwhile (on this loop)
+                assert await asyncio.to_thread(proc.wait, 30) == 0, "the autoscaler did not stop cleanly"
         await bus.close()

@@ -134,3 +134,34 @@ def test_a_service_adds_its_own_flags() -> None:
     Quick.add_arguments(parser)
     Service.add_arguments(parser)  # the base adds none
     assert parser.parse_args(["--flag", "x"]).flag == "x"
+
+
+def test_a_loop_step_that_hangs_is_cut_short_the_drain_timeout_after_a_sigterm() -> None:
+    """The autoscaler's step may wait on a cloud API's 30 s timeout: a SIGTERM still ends it within
+    the drain timeout, and a step's own error still reaches the loop."""
+    svc = Quick(Settings(drain_timeout_s=0.3))
+    seen: list[str] = []
+
+    async def hangs() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    async def fails() -> None:
+        raise ConflictError("busy")
+
+    async def go() -> float:
+        loop = asyncio.get_running_loop()
+        await svc.step_bounded(asyncio.sleep(0.01))  # a step that ends is awaited, nothing more
+        with pytest.raises(ConflictError):
+            await svc.step_bounded(fails())
+        loop.call_later(0.1, svc.stopping.set)
+        t0 = loop.time()
+        await svc.step_bounded(hangs())
+        return loop.time() - t0
+
+    took = asyncio.run(go())
+    assert seen == ["cancelled"]
+    assert 0.35 < took < 2

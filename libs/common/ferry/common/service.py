@@ -4,8 +4,10 @@ A service subclasses `Service`, implements `start` (connect, load state) and `ru
 return once `self.stopping` is set), and optionally `drain` and `close`. Work it runs in the
 background goes through `spawn`: on SIGTERM, `drain` and those tasks together get
 `drain_timeout_s`, then what is left is cancelled (a node command not acked by then goes to the
-successor). `service_main` gives it a command line with `--config` and `--check` (exit 0 when the
-service is alive and ready, else 1); a service adds its own flags in `add_arguments`.
+successor). A loop step that may wait on something slow (a cloud provider's API) runs through
+`step_bounded`, which a SIGTERM cuts short after the same timeout. `service_main` gives it a
+command line with `--config` and `--check` (exit 0 when the service is alive and ready, else 1); a
+service adds its own flags in `add_arguments`.
 """
 
 import argparse
@@ -52,6 +54,25 @@ class Service(ABC):
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+    async def step_bounded(self, work: Coroutine[Any, Any, None]) -> None:
+        """Awaits one step of `run`'s loop; once `stopping` is set the step has `drain_timeout_s`
+        left, then it is cancelled, so that a call that hangs never holds a SIGTERM up unbounded."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=self.settings.drain_timeout_s)
+            if not task.done():
+                log.warning("%s: a step still under way at the drain timeout is cancelled", self.name)
+        finally:
+            stop.cancel()
+            if not task.done():  # timed out, or this wait was cancelled from outside: it stops too
+                task.cancel()
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.result()  # its exception, if any, is the caller's
 
     async def _finish_tasks(self, deadline: float) -> None:
         pending = set(self.tasks)
