@@ -48,14 +48,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SerialFirst(config, log)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1,
+               explain: Callable[[], str] | None = None) -> Any:
+    """`predicate`'s first truthy value within `timeout`; else an AssertionError that names `what`
+    and carries `explain()`: what the cluster looked like (CI removes its data dir afterwards)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f"\n{explain()}" if explain is not None else ""))
         time.sleep(interval)
 
 
@@ -149,7 +153,7 @@ class Cluster:
         failed test prints, since CI removes the data dir with the logs."""
         parts = []
         for name in services:
-            path = self.data_dir / "logs" / f"{name}.log"
+            path = self.data_dir / "logs" / f"{name.replace('@', '-')}.log"  # checkpointer@n1: checkpointer-n1.log
             text = path.read_text(errors="replace").splitlines() if path.exists() else ["(no log)"]
             kept = [line for line in text if "fetch on " not in line and "cannot write op-" not in line]
             parts.append(f"--- {name}\n" + "\n".join(kept[-lines:]))
