@@ -108,21 +108,23 @@ def test_background_tasks_get_the_drain_timeout_then_are_cancelled() -> None:
     assert 0.4 < took < 3
 
 
+async def hangs(seen: list[str]) -> None:
+    """Waits a minute unless cancelled first, which it notes in `seen`."""
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        seen.append("cancelled")
+        raise
+
+
 def test_handlers_still_running_at_the_drain_are_cancelled() -> None:
     seen: list[str] = []
 
     async def go() -> None:
-        async def slow() -> None:
-            try:
-                await asyncio.sleep(60)
-            except asyncio.CancelledError:
-                seen.append("cancelled")
-                raise
-
         async def quick() -> None:
             seen.append("quick")
 
-        tasks: set[asyncio.Task[Any]] = {asyncio.create_task(slow()), asyncio.create_task(quick())}
+        tasks: set[asyncio.Task[Any]] = {asyncio.create_task(hangs(seen)), asyncio.create_task(quick())}
         await bus._finish_handlers(tasks, 0.2, "test")
 
     asyncio.run(go())
@@ -142,13 +144,6 @@ def test_a_loop_step_that_hangs_is_cut_short_the_drain_timeout_after_a_sigterm()
     svc = Quick(Settings(drain_timeout_s=0.3))
     seen: list[str] = []
 
-    async def hangs() -> None:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
     async def fails() -> None:
         raise ConflictError("busy")
 
@@ -159,7 +154,7 @@ def test_a_loop_step_that_hangs_is_cut_short_the_drain_timeout_after_a_sigterm()
             await svc.step_bounded(fails())
         loop.call_later(0.1, svc.stopping.set)
         t0 = loop.time()
-        await svc.step_bounded(hangs())
+        await svc.step_bounded(hangs(seen))
         return loop.time() - t0
 
     took = asyncio.run(go())
