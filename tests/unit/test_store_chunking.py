@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import random
+from pathlib import Path
 
 import pytest
 
+from ferry.common.errors import UsageError
 from ferry.store.chunking import FILE_CHUNK, PAGE_CHUNK, PAGE_SIZE, fixed_spans, page_spans
+from ferry.store.local import LocalBackend
+from ferry.store.store import CheckpointStore
 
 MiB = 1024 * 1024
 
@@ -25,7 +29,7 @@ def _page_addresses(entries: list[tuple[int, int]]) -> list[int]:
 
 
 def test_constants() -> None:
-    assert PAGE_CHUNK == 256 * 1024 and MiB == FILE_CHUNK
+    assert PAGE_CHUNK == 512 * 1024 and MiB == FILE_CHUNK
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, MiB, MiB + 1, 5 * MiB - 3])
@@ -126,3 +130,20 @@ def test_page_spans_dedup_in_place_changes_and_shifts() -> None:
     by_offset = _new_fraction(old, new, fixed_spans(len(old), FILE_CHUNK), fixed_spans(len(new), FILE_CHUNK))
     assert by_address < 0.10, by_address
     assert by_offset > 0.50, by_offset
+
+
+def test_a_store_cuts_pages_images_in_its_own_windows(tmp_path: Path) -> None:
+    """``page_chunk`` sets the window (bench/storewrite.py compares sizes); a size that is not a
+    whole number of pages is refused."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pages-1.img").write_bytes(bytes(300 * PAGE_SIZE))
+    maps = {"pages-1.img": [(0x7F0000000000, 300)]}
+    sizes = {}
+    for kib in (256, 512):
+        store = CheckpointStore(LocalBackend(tmp_path / f"store-{kib}"), page_chunk=kib << 10)
+        result = store.write_checkpoint(job="j", checkpoint="c", parent=None, src_dir=src, page_maps=maps)
+        sizes[kib] = [c.size // PAGE_SIZE for c in result.manifest.files[0].chunks]
+    assert sizes == {256: [64, 64, 64, 64, 44], 512: [128, 128, 44]}
+    with pytest.raises(UsageError, match="multiple of 4096"):
+        CheckpointStore(LocalBackend(tmp_path / "bad"), page_chunk=1000)

@@ -26,7 +26,7 @@ from ferry.store.keys import KeyRing, TenantKeys
 MANIFEST_VERSION = 1
 MAX_CHUNK_SIZE = 64 * 1024 * 1024
 MAX_FILES = 100_000
-MAX_CHUNKS = 4_000_000  # 1 TiB in 256 KiB chunks
+MAX_CHUNKS = 4_000_000  # 1 TiB in 256 KiB chunks, 2 TiB in the pages images' 512 KiB ones
 MAX_MANIFEST_BYTES = 512 << 20
 DEFAULT_TENANT = "default"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")

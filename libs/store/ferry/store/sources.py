@@ -26,9 +26,11 @@ class SourceFile:
 
 
 def plan_sources(
-    src_dir: Path, files: Sequence[str] | None, page_maps: Mapping[str, Sequence[tuple[int, int]]] | None
+    src_dir: Path, files: Sequence[str] | None, page_maps: Mapping[str, Sequence[tuple[int, int]]] | None,
+    page_chunk: int = PAGE_CHUNK,
 ) -> list[SourceFile]:
-    """The files to write with their chunk spans; every regular file under src_dir by default."""
+    """The files to write with their chunk spans; every regular file under src_dir by default (the
+    pages images of ``page_maps`` cut in ``page_chunk`` windows of their virtual addresses)."""
     if files is None:
         if not src_dir.is_dir():
             raise UsageError(f"checkpoint source {src_dir} is not a directory")
@@ -57,17 +59,18 @@ def plan_sources(
             raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{path} is not a regular file")
-        spans = _page_spans(rel, maps[rel], st.st_size) if rel in maps else None
+        spans = _page_spans(rel, maps[rel], st.st_size, page_chunk) if rel in maps else None
         if spans is None:
             spans = fixed_spans(st.st_size, FILE_CHUNK)
         sources.append(SourceFile(rel, path, st.st_size, stat.S_IMODE(st.st_mode) & 0o777, spans))
     return sources
 
 
-def _page_spans(rel: str, entries: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]] | None:
+def _page_spans(rel: str, entries: Sequence[tuple[int, int]], size: int,
+                page_chunk: int) -> list[tuple[int, int]] | None:
     """Spans by virtual address, or None (cut at fixed offsets: only dedup suffers) if the map does not fit."""
     try:
-        spans = page_spans(entries, PAGE_CHUNK)
+        spans = page_spans(entries, page_chunk)
     except ValueError as exc:
         log.warning("cutting %s at fixed offsets: %s", rel, exc)
         return None

@@ -23,6 +23,7 @@ from typing import Any
 from ferry.common.errors import UsageError
 from ferry.store.backend import Backend
 from ferry.store.chunkform import ChunkForm
+from ferry.store.chunking import PAGE_CHUNK, PAGE_SIZE
 from ferry.store.codec import ChunkCodec
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.gc import GcResult, collect_garbage
@@ -47,7 +48,8 @@ class CheckpointStore:
     ``workers`` threads hash, compress and move chunks; ``zstd_level`` sets compression. Writers
     wait at most ``gc_wait`` seconds for a running gc; ``lease_ttl`` is when a lease left by a
     crashed writer or gc stops counting; a job's chunks verified whole are trusted by its next
-    checkpoint for ``verify_ttl`` seconds. With ``keyring`` (what Ferry's services always pass),
+    checkpoint for ``verify_ttl`` seconds; CRIU pages images are cut in ``page_chunk``-byte windows of
+    their virtual addresses (``ferry.store.chunking``). With ``keyring`` (what Ferry's services always pass),
     chunks are sealed per tenant and manifests signed; without, they are plain (tools and tests).
     """
 
@@ -61,9 +63,13 @@ class CheckpointStore:
         lease_ttl: float = DEFAULT_TTL,
         verify_ttl: float = VERIFY_TTL,
         keyring: KeyRing | None = None,
+        page_chunk: int = PAGE_CHUNK,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, got {workers}")
+        if page_chunk < PAGE_SIZE or page_chunk % PAGE_SIZE:
+            raise UsageError(f"page_chunk must be a multiple of {PAGE_SIZE} bytes, got {page_chunk}")
+        self.page_chunk = page_chunk
         self.backend = backend
         self.workers = workers
         self.gc_wait = gc_wait
@@ -114,6 +120,7 @@ class CheckpointStore:
             self._leases,
             workers=self.workers,
             gc_wait=self.gc_wait,
+            page_chunk=self.page_chunk,
             job=job,
             tenant=tenant,
             checkpoint=checkpoint,

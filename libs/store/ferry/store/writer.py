@@ -156,6 +156,7 @@ def write_checkpoint(
     *,
     workers: int,
     gc_wait: float,
+    page_chunk: int,
     job: str,
     tenant: str,
     checkpoint: str,
@@ -177,7 +178,7 @@ def write_checkpoint(
         meta_dict = json.loads(json.dumps(to_jsonable_python(dict(meta or {})), allow_nan=False))
     except (PydanticSerializationError, ValueError) as exc:
         raise UsageError(f"checkpoint meta must be plain JSON data: {exc}") from exc
-    sources = plan_sources(Path(src_dir), files, page_maps)
+    sources = plan_sources(Path(src_dir), files, page_maps, page_chunk)
     tracker = Progress(progress, sum(s.size for s in sources))
     with leases.writing(gc_wait):
         if backend.exists(key):
