@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ferry.store.chunking import PAGE_CHUNK
 from ferry.store.errors import BackendUnavailable, ChunkCorrupt, ObjectNotFound
 from ferry.store.manifest import chunk_key
 from ferry.store.retry import RetryPolicy
@@ -103,8 +104,8 @@ def test_roundtrip_dedup_and_corruption(moto: MotoServer, tmp_path: Path) -> Non
         src_dir=src,
         page_maps=page_maps,
     )
-    assert second.bytes_new_plain <= 0.1 * second.bytes_logical
-    assert second.chunks_new == 1
+    assert second.chunks_new == 1  # the one address window the write fell in, of a 4 MiB image
+    assert second.bytes_new_plain <= PAGE_CHUNK < 0.15 * second.bytes_logical
     store.restore_files(second.manifest, tmp_path / "out2")
     assert (tmp_path / "out2" / "pages-1.img").read_bytes() == (src / "pages-1.img").read_bytes()
 
