@@ -44,8 +44,8 @@ def fleet_nodes(c: Cluster) -> dict[str, dict[str, Any]]:
 
 
 def diagnosis(c: Cluster, job: str, *nodes: str) -> str:
-    """Where a move the test waits for stands: the job's record and events, the nodes, the fleet,
-    and the deciding services' logs."""
+    """Where a move the test waits for stands: the job's record, the nodes, the fleet, `ferry
+    explain` and the deciding services' logs."""
     parts = [f"status: {c.ferry('status', job, '-o', 'json', check=False).stdout}",
              f"nodes: {c.ferry('nodes', check=False).stdout}",
              f"fleet: {c.ferry('autoscale', check=False).stdout}",

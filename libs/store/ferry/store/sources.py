@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.common.errors import UsageError
-from ferry.store.chunking import FILE_CHUNK, PAGE_CHUNK, fixed_spans, page_spans
+from ferry.store.chunking import FILE_CHUNK, fixed_spans, page_spans
 from ferry.store.manifest import check_relative_path
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class SourceFile:
 
 def plan_sources(
     src_dir: Path, files: Sequence[str] | None, page_maps: Mapping[str, Sequence[tuple[int, int]]] | None,
-    page_chunk: int = PAGE_CHUNK,
+    page_chunk: int,
 ) -> list[SourceFile]:
     """The files to write with their chunk spans; every regular file under src_dir by default (the
     pages images of ``page_maps`` cut in ``page_chunk`` windows of their virtual addresses)."""
