@@ -30,6 +30,22 @@ def test_a_submitted_job_is_recorded_from_its_spec_and_its_op_runs() -> None:
     assert (accepted.op.state, accepted.op.job) == (OpState.RUNNING, "job-1")
 
 
+def test_a_submit_that_fits_is_recorded_once_then_launched_and_one_that_does_not_waits_for_place() -> None:
+    spec = wire.JobSpec(name="t1", argv=["x"])
+    s = run.submit(spec, "job-1", Op(id="op-s", kind=OpKind.SUBMIT), placement=Placement("a", gpus=("GPU-1",)))
+    assert [type(e).__name__ for e in s.effects] == ["SaveJob", "SaveOp", "Send"]  # the record before the launch
+    saved = s.effects[0]
+    assert isinstance(saved, SaveJob) and saved.event == "submitted"
+    assert (saved.job.node, saved.job.incarnation, saved.job.gpu_uuids, saved.job.state) == (
+        "a", 1, ["GPU-1"], JobState.PENDING)
+    assert (s.op.state, s.op.job) == (OpState.RUNNING, "job-1")
+    assert [(c.cmd.kind, c.cmd.job.node, c.cmd.incarnation, c.cmd.op) for c in s.commands()] == [
+        ("launch", "a", 1, "op-s")]
+    waits = run.submit(spec, "job-1", Op(id="op-s", kind=OpKind.SUBMIT), placement=Placement(None, "full"))
+    assert [type(e).__name__ for e in waits.effects] == ["SaveJob", "SaveOp"] and not waits.commands()
+    assert (waits.job.node, waits.job.incarnation) == (None, 0)
+
+
 def test_a_placed_job_is_launched_as_its_next_incarnation_and_one_that_fits_nowhere_waits() -> None:
     s = run.place(job(op="op-s"), submit_op(), Placement("a", gpus=("GPU-1",)), NOW)
     assert (s.job.node, s.job.incarnation, s.job.gpu_uuids) == ("a", 1, ["GPU-1"])

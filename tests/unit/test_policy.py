@@ -1,5 +1,6 @@
 """The scheduler's placement and rebalancing policy: pure functions of cluster state and time."""
 
+from collections import Counter
 from dataclasses import replace
 
 from ferry.policy.decisions import (
@@ -67,6 +68,26 @@ def test_equal_nodes_share_equal_work_instead_of_the_first_by_id_taking_it_all()
     fuller = replace(nodes[1], free_cpus=60.0)
     assert choose_node(job("x", cpus=0), [fuller, nodes[2]], now=0.0) == nodes[2]
     assert choose_node(job("x", cpus=0), [nodes[3], nodes[2]], now=0.0) == nodes[2]
+
+
+def test_equal_nodes_take_turns_at_short_jobs_that_end_before_the_next_pick() -> None:
+    """Jobs that end at once leave every node at zero jobs: the node picked longest ago (or never)
+    wins the tie, not the first by id."""
+    nodes = [node(f"node-{i}", cpus=64) for i in range(1, 5)]
+    assert choose_node(job("x", cpus=0), nodes, 0.0, last_given={"node-1": 2, "node-2": 0, "node-3": 1,
+                                                                  "node-4": 3}) == nodes[1]
+    assert choose_node(job("x", cpus=0), nodes, 0.0, last_given={"node-1": 0}) == nodes[1]  # never picked
+    last_given: dict[str, int] = {}
+    picked = []
+    for k in range(12):
+        best = choose_node(job(f"j{k}", cpus=0), nodes, 0.0, last_given=last_given)
+        assert best is not None
+        last_given[best.id] = k
+        picked.append(best.id)
+    assert Counter(picked) == {n.id: 3 for n in nodes}
+    # the job count and free cpus still come first
+    busy = replace(nodes[1], jobs=1)
+    assert choose_node(job("x", cpus=0), [nodes[0], busy], 0.0, last_given={"node-1": 9}) == nodes[0]
 
 
 def test_cheaper_node_wins_when_both_fit() -> None:

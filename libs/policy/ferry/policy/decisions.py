@@ -28,8 +28,9 @@ it sits out outages on on-demand and goes back to spot when spot returns, rather
 last slack waiting and then run on on-demand to the end whatever spot does.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from ferry.common.units import format_bytes
 
@@ -46,6 +47,7 @@ REVIEW_EVERY_S = 60.0
 # Trips between on-demand and spot that a deadline job's slack reserve pays for (`slack_reserve_s`).
 RESERVE_TRIPS = 8.0
 RESERVE_OF_WORK = 0.2
+NEVER: Mapping[str, int] = MappingProxyType({})  # ``spread_key``'s history when the caller keeps none
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,16 +199,20 @@ def score_node(job: JobView, node: NodeView, now: float, horizon_s: float = REVI
     return score
 
 
-def spread_key(node: NodeView) -> tuple[int, float, str]:
+def spread_key(node: NodeView, last_given: Mapping[str, int]) -> tuple[int, float, int, str]:
     """The order among nodes that score the same: fewest jobs first, then the most free cpus, then
-    by id. Ferry spreads equal work over equal nodes rather than packing it: a node's loss or spot
-    reclaim then takes fewer jobs with it, and checkpoints and moves of its jobs compete less for
-    its disk and network. (Packing, to free whole nodes for scale-down, is the autoscaler's job.)"""
-    return node.jobs, -node.free_cpus, node.id
+    the one given a job longest ago (``last_given``: node id to the sequence number of the last
+    pick of it; a node never picked comes first), then by id. Ferry spreads equal work over equal
+    nodes rather than packing it: a node's loss or spot reclaim then takes fewer jobs with it, and
+    checkpoints and moves of its jobs compete less for its disk and network. Short jobs that end
+    before the next pick leave every node at the same count: without the third key the first by
+    id took them all; with it equal nodes take turns. (Packing, to free whole nodes for
+    scale-down, is the autoscaler's job.)"""
+    return node.jobs, -node.free_cpus, last_given.get(node.id, -1), node.id
 
 
-def best_node(job: JobView, nodes: Sequence[NodeView], now: float,
-              horizon_s: float = REVIEW_EVERY_S) -> tuple[NodeView | None, float]:
+def best_node(job: JobView, nodes: Sequence[NodeView], now: float, horizon_s: float = REVIEW_EVERY_S,
+              last_given: Mapping[str, int] = NEVER) -> tuple[NodeView | None, float]:
     """The best-scoring node for `job` (among equals the one ``spread_key`` puts first), or None
     when nothing fits."""
     best: NodeView | None = None
@@ -214,7 +220,8 @@ def best_node(job: JobView, nodes: Sequence[NodeView], now: float,
     for node in nodes:
         score = score_node(job, node, now, horizon_s)
         if score is not None and (score > best_score or (
-                score == best_score and best is not None and spread_key(node) < spread_key(best))):
+                score == best_score and best is not None
+                and spread_key(node, last_given) < spread_key(best, last_given))):
             best, best_score = node, score
     return best, best_score
 
@@ -230,7 +237,7 @@ def slack_reserve_s(job: JobView) -> float:
 
 
 def choose_node(job: JobView, nodes: Sequence[NodeView], now: float,
-                horizon_s: float = REVIEW_EVERY_S) -> NodeView | None:
+                horizon_s: float = REVIEW_EVERY_S, last_given: Mapping[str, int] = NEVER) -> NodeView | None:
     """Where one job with a deadline should run now, or None to wait.
 
     While its slack is above the reserve (``slack_reserve_s``) the job takes only spot nodes (the
@@ -244,7 +251,7 @@ def choose_node(job: JobView, nodes: Sequence[NodeView], now: float,
         spot = [n for n in nodes if n.spot or n.id == job.node]
         if slack >= slack_reserve_s(job) or any(fit_problem(job, n) is None for n in spot):
             nodes = spot
-    best, _ = best_node(job, nodes, now, horizon_s)
+    best, _ = best_node(job, nodes, now, horizon_s, last_given)
     return best
 
 

@@ -11,6 +11,7 @@ message id, so a redelivered message after a crash repeats nothing.
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -61,6 +62,9 @@ class Scheduler(Service):
         self.state = ClusterState(bus)
         self.view_cache = ViewCache()  # node views between placements (ferry.policy.views)
         self.last_address: str | None = None  # the job-network address given last: the next is looked for after it
+        # node id -> the number of the policy's last pick of it: equal nodes take turns (policy.spread_key)
+        self.last_given: dict[str, int] = {}
+        self.picks = itertools.count()
         self.effects = Effects(self.state)
         self.control = ControlLoop(self.state, self.settings, self)
         await self.state.start()
@@ -194,18 +198,25 @@ class Scheduler(Service):
                     raise UsageError(problem)
                 address = allocate(self.settings.job_network, self.state.taken_addresses(), after=self.last_address)
                 self.last_address = address
-            created = run.submit(spec, job_id, op, address=address)
-            await self.effects.apply(created)
-            job = created.job
+            draft = spec.to_job(job_id, op.id)
+            placement = await self.placement(draft, wanted=draft.requested_node)
+            created = run.submit(spec, job_id, op, address=address, placement=placement)
+            await self.effects.apply(created)  # placed: recorded, accepted and launched in one step
+            if placement.node is None:
+                await self.effects.apply(run.place(created.job, created.op, placement, now()))
+            return
+        # a redelivered submit whose job is recorded already
         accepted = run.accept(job, op)
         await self.effects.apply(accepted)
         if job.state == JobState.PENDING:
-            await self.place(job)
+            await self.place(job, accepted.op)
 
-    async def place(self, job: Job) -> bool:
-        """Sends a pending job to a node; False (with the reason on the job) when none fits."""
+    async def place(self, job: Job, op: Op | None = None) -> bool:
+        """Sends a pending job to a node; False (with the reason on the job) when none fits.
+        `op`: the job's op in flight, when the caller holds it (read from the bucket otherwise)."""
         placement = await self.placement(job, wanted=job.requested_node)
-        op = await self.state.op(job.op) if job.op else None
+        if op is None or op.id != job.op:
+            op = await self.state.op(job.op) if job.op else None
         await self.effects.apply(run.place(job, op, placement, now()))
         return placement.node is not None
 
@@ -233,7 +244,7 @@ class Scheduler(Service):
             job.gpu_uuids = fit if isinstance(fit, list) else []
             return wanted, ""
         candidates = [v for v in views if v.usable and v.id != exclude and isinstance(gpu_fit.get(v.id, []), list)]
-        best = policy.choose_node(jv, candidates, t) if candidates else None
+        best = policy.choose_node(jv, candidates, t, last_given=self.last_given) if candidates else None
         if best is None:
             pool = [v for v in views if v.id != exclude]
             gpu_why = sorted({f"{n}: {w}" for n, w in gpu_fit.items() if isinstance(w, str) and n != exclude})
@@ -242,6 +253,7 @@ class Scheduler(Service):
             return None, policy.unplaced_reason(jv, pool) if pool else "no other node has joined the cluster"
         fit = gpu_fit.get(best.id, [])
         job.gpu_uuids = fit if isinstance(fit, list) else []
+        self.last_given[best.id] = next(self.picks)
         return best.id, ""
 
     # ---- gangs ---------------------------------------------------------------------------------
@@ -346,10 +358,11 @@ class Scheduler(Service):
             views = with_job_network(views, nodes)
         candidates = [v for v in views if v.usable and v.id not in exclude]
         jv = job_view(job, t)
-        best = policy.choose_node(jv, candidates, t) if candidates else None
+        best = policy.choose_node(jv, candidates, t, last_given=self.last_given) if candidates else None
         if best is None:
             pool = [v for v in views if v.id not in exclude]
             return None, policy.unplaced_reason(jv, pool) if pool else "no other node is free for it"
+        self.last_given[best.id] = next(self.picks)
         return best.id, ""
 
     async def on_gang_event(self, job: Job, ev: wire.NodeEvent) -> None:

@@ -15,12 +15,26 @@ from ferry.common.models import Job, JobState, Op, OpKind, OpState
 from ferry.scheduler.ops.step import Placement, SaveOp, Step, ended, next_checkpoint_at, no_op
 
 
-def submit(spec: wire.JobSpec, job_id: str, op: Op, *, address: str | None = None) -> Step:
-    """``address``: a bridge-network job's, allocated by the shell (``ferry.common.jobnet``)."""
+def submit(spec: wire.JobSpec, job_id: str, op: Op, *, address: str | None = None,
+           placement: Placement | None = None) -> Step:
+    """A new job recorded from its spec, its submit op running, and, when `placement` names a node,
+    the job sent there in the same step: one record of the job (with the ``submitted`` event), its
+    op, then the launch. The record goes before the command, so a scheduler that dies in between
+    finds the job when the submit is redelivered and places it again as its next incarnation. A
+    job that fits nowhere yet (or a submit given no placement) is recorded pending for ``place``.
+    ``address``: a bridge-network job's, allocated by the shell (``ferry.common.jobnet``)."""
     job = spec.to_job(job_id, op.id)
     job.address = address
     s = Step.of(job, op)
+    placed = placement is not None and placement.node is not None
+    if placed:
+        assert placement is not None
+        _assign(s.job, placement)
     s.save_job("submitted")
+    s.op.job, s.op.state = job.id, OpState.RUNNING
+    s.save_op()
+    if placed:
+        _launch(s)
     return s
 
 
@@ -46,13 +60,22 @@ def place(job: Job, op: Op | None, placement: Placement, now: float) -> Step:
         if changed:
             s.save_job()
         return s
+    _assign(job, placement)
+    s.save_job()
+    _launch(s)
+    return s
+
+
+def _assign(job: Job, placement: Placement) -> None:
+    """The job's next incarnation, on the placement's node (with its GPUs)."""
     job.incarnation += 1
     job.node, job.reason = placement.node, None
     job.gpu_uuids = list(placement.gpus)
-    s.save_job()
-    s.send("checkpointer", wire.NodeCommand(kind="launch", op=job.op, job=job.model_copy(deep=True),
-                                            incarnation=job.incarnation))
-    return s
+
+
+def _launch(s: Step) -> None:
+    s.send("checkpointer", wire.NodeCommand(kind="launch", op=s.job.op, job=s.job.model_copy(deep=True),
+                                            incarnation=s.job.incarnation))
 
 
 def on_started(job: Job, op: Op | None, ev: wire.NodeEvent, now: float) -> Step | None:
