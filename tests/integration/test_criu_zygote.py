@@ -1,7 +1,8 @@
 """The shim's zygote (ferry.criu.zygote): a launch through it runs the workload exactly as a
 launch through a new interpreter does (environment, stdio, no descriptor leaked, the exit
 recorded), refusals come back the same way, the job outlives the zygote, and without a zygote the shim is
-started as before."""
+started as before. A restore through it continues the job, and its shim shows the command line
+by which a restarted node service finds a restore under way."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir
-from ferry.criu.launch import launch
+from ferry.criu.launch import launch, restore
 from ferry.criu.linux import is_gone
+from ferry.criu.runner import CriuRunner
 from ferry.criu.zygote import ZygoteClient, ZygoteProcess
-from tests.integration.criu_helpers import ENV, wait_exit, wait_for
+from ferry.node.procs import restores_of
+from tests.integration.criu_helpers import COUNTER, ENV, wait_exit, wait_for
+from tests.integration.test_criu_migrate import checkpoint_and_kill, lines_in, rebuild
 
 pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(90)]
 
@@ -66,3 +71,28 @@ async def test_refusals_come_back_and_the_job_outlives_the_zygote(
     again = JobDir(tmp_path / "again")
     await launch(again, ["sh", "-c", "echo fallback"], cwd=None, env=ENV, incarnation=1, zygote=client)
     assert (await wait_exit(again)).code == 0 and again.stdout.read_text() == "fallback\n"
+
+
+async def test_a_restore_through_the_zygote_continues_the_job_and_is_found_by_its_command_line(
+        tmp_path: Path, criu_ok: CriuRunner, pids: list[int], zygote: tuple[ZygoteProcess, ZygoteClient]) -> None:
+    proc, client = zygote
+    src = JobDir(tmp_path / "a")
+    info = await launch(src, ["sh", "-c", COUNTER], cwd=tmp_path, env=ENV, incarnation=1, zygote=client)
+    pids.append(info.pid)
+    await wait_for("some output", lambda: len(lines_in(src.stdout)) >= 5)
+    dumped = await checkpoint_and_kill(criu_ok, src, info.pid, tmp_path / "images")
+    seen = len(lines_in(src.stdout))
+    dst = JobDir(tmp_path / "b")
+    restored = await restore(dst, tmp_path / "images", inherit=rebuild(src, dst, dumped), incarnation=2,
+                             zygote=client)
+    pids.append(restored.pid)
+    assert proc.proc is not None and restored.shim_pid != proc.proc.pid
+    # the monitor is a fork of the zygote (no new interpreter), and shows the restore's command line
+    assert psutil.Process(restored.shim_pid).exe() == psutil.Process(proc.proc.pid).exe()
+    assert [p.pid for p in restores_of(dst.path, 2)] == [restored.shim_pid]
+    assert restores_of(dst.path, 1) == [] and restores_of(src.path, 2) == []
+    await wait_for("output after the restore", lambda: len(lines_in(dst.stdout)) >= seen + 3)
+    os.kill(restored.pid, signal.SIGKILL)
+    ended = await wait_exit(dst)
+    assert (ended.signal, ended.incarnation) == (9, 2)
+    await wait_for("the monitor to exit", lambda: is_gone(restored.shim_pid))

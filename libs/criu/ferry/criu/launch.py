@@ -123,6 +123,7 @@ async def restore(
     node_netns: str | None = None,
     python: str = sys.executable,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    zygote: ZygoteClient | None = None,
 ) -> ShimInfo:
     """Restore the images under a detached shim (``criu_args``: more options for ``criu restore``;
     ``here``: under the job's ``--here`` caller, as for ``launch``; ``node_netns``: where CRIU
@@ -151,9 +152,10 @@ async def restore(
     if here:
         return await _hand_off(job_dir, here, cmd, "restore", incarnation, timeout_s, RestoreFailed,
                                log_path=log_path)
-    # a new interpreter, never the zygote: a node service that restarts finds a restore still under
-    # way by its command line (ferry.node.procs.restores_of), so that a job never runs twice
-    return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=log_path)
+    # a node service that restarts finds a restore still under way by its command line
+    # (ferry.node.procs.restores_of), so that a job never runs twice: a fork of the zygote shows
+    # the same command line as a new interpreter would (ferry.criu.zygote_server.shim_title)
+    return await _start(job_dir, cmd, timeout_s, RestoreFailed, log_path=log_path, zygote=zygote)
 
 
 async def _hand_off(

@@ -1,9 +1,9 @@
 """The shim's zygote: a process that has imported ``ferry.criu.shim`` once and forks a starter for
 every launch or adoption, instead of a new Python interpreter for each (about 0.2 CPU-s of imports
 and 20 MiB of private memory per job; a fork of the zygote costs a few milliseconds, and the
-monitor that stays for the job's life shares the zygote's pages). Restores still start an
-interpreter of their own: a node service that restarts finds a restore under way by its command
-line (``ferry.node.procs.restores_of``), which a fork of the zygote does not have.
+monitor that stays for the job's life shares the zygote's pages). Restores go through it too (the
+migrator's): each fork takes the command line a new interpreter would have (its process title), by
+which a node service that restarts finds a restore still under way (``ferry.node.procs.restores_of``).
 
     python -m ferry.criu.zygote_server --socket PATH
 

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import setproctitle
+
 from ferry.criu import shim
 from ferry.criu.linux import set_parent_death_signal
 from ferry.criu.zygote import FDS
@@ -134,6 +136,11 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     return msg, list(fds)
 
 
+def shim_title(argv: Sequence[str]) -> str:
+    """The command line of ``python -m ferry.criu.shim ARGV``, as one string."""
+    return " ".join([sys.executable, "-m", "ferry.criu.shim", *argv])
+
+
 def _starter(argv: list[str], fds: list[int], close: Sequence[int]) -> None:
     """In the forked child: the request's descriptors as 0, 1, 2, the zygote's own closed, the
     signals as a new process has them; then the shim, as ``python -m ferry.criu.shim`` would."""
@@ -148,6 +155,9 @@ def _starter(argv: list[str], fds: list[int], close: Sequence[int]) -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
         sys.argv = ["ferry.criu.shim", *argv]
+        # the command line a new interpreter would have: `ps` shows what the fork is, and a node
+        # service that restarts finds a restore still under way by it (ferry.node.procs.restores_of)
+        setproctitle.setproctitle(shim_title(argv))
         code = shim.main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -104,7 +104,7 @@ class Migrator(LiveTarget, NodeService):
                                      criu_args=(*job_criu_args(cmd.job.network, cmd.options.criu_args,
                                                                adopted=cmd.job.adopted), *net_args),
                                      container=job.container, here=job.name if job.here else None,
-                                     node_netns=node_netns)
+                                     node_netns=node_netns, zygote=self.zygote)
             if gpu is not None:
                 with _tracer.start_as_current_span("cuda.restore"):
                     await resume_after_restore(info.pid, default_checkpointer(), device_map(gpu[0].uuids, gpu[1]))
