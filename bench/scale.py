@@ -7,7 +7,7 @@
 - **spread**: where the jobs ran (equal nodes should share equal work);
 - **listing**: ``ferry ps -a -o json`` and ``ferry nodes -o json`` with every job finished;
 - **supervisor**: what one running job's supervisor (its monitor, forked from the node's shim
-  zygote) costs: PSS and CPU to start;
+  zygote) costs: PSS and CPU to start; and the memory of a restored job's;
 - **placement**: one placement decision (the node views from the records, then the choice) at
   10,000 jobs, 2,000 of them running, on 1,000 nodes, in this process.
 
@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,34 @@ def supervisor(cluster: Cluster, count: int = 5) -> dict[str, Any]:
             "monitor_cpu_ms": [round(x) for x in own]}
 
 
+def restored_supervisor(cluster: Cluster, count: int = 3) -> dict[str, Any]:
+    """What the supervisor of a restored job costs: ``count`` sleeping jobs, each checkpointed with
+    ``--stop`` and restored; each restore's monitor (a fork of the node's zygote since restores go
+    through it) is measured as the launched ones are (USS, PSS)."""
+    monitors: list[psutil.Process] = []
+
+    def running(name: str) -> Callable[[], bool]:
+        return lambda: bool(cluster.ferry("status", name)[1]["state"] == "running")
+
+    for i in range(count):
+        name = f"rst-{i}"
+        _, job = cluster.ferry("run", "--name", name, "--", "sleep", "600")
+        wait_for(running(name), 60, f"{name} to run")
+        cluster.ferry("checkpoint", name, "--stop")
+        cluster.ferry("restore", name)
+        wait_for(running(name), 120, f"{name} to run again")
+        for shim_json in Path(cluster.data_dir).glob(f"nodes/*/jobs/{job['id']}/shim.json"):
+            info = json.loads(shim_json.read_text())
+            if info.get("mode") == "restore":
+                monitors.append(psutil.Process(info["shim_pid"]))
+    assert len(monitors) == count, f"found {len(monitors)} restore monitors of {count}"
+    time.sleep(1)
+    memory = [p.memory_full_info() for p in monitors]
+    for i in range(count):
+        cluster.ferry("kill", f"rst-{i}")
+    return {"pss_mib": [round(m.pss / 2**20, 1) for m in memory], "uss_mib": [round(m.uss / 2**20, 1) for m in memory]}
+
+
 def placement(repeat: int = 20) -> dict[str, Any]:
     """One placement as the scheduler makes it: the node views (``ViewCache``: built again only for
     the nodes whose record or load changed since the last decision), then the choice. Between two
@@ -229,6 +258,9 @@ def report(r: dict[str, Any]) -> str:
         f"| ... CPU to start: the starter forked from the zygote, and the monitor (ms) | "
         f"{', '.join(map(str, r['supervisor']['cpu_ms']))} | <= 20 | "
         f"{'yes' if median(r['supervisor']['cpu_ms']) <= 20 else '**no**'} |",
+        f"| a restored job's supervisor (a fork of the zygote, as a launched one): USS / PSS (MiB) | "
+        f"{', '.join(map(str, r['restored']['uss_mib']))} / {', '.join(map(str, r['restored']['pss_mib']))} | "
+        f"<= 5 (USS) | {'yes' if median(r['restored']['uss_mib']) <= 5 else '**no**'} |",
         f"| one placement at 10,000 jobs (2,000 running), 1,000 nodes (median; cold: every view rebuilt) | "
         f"{r['placement']['median_ms']} ms (cold {r['placement']['cold_ms']} ms) | <= 2 ms | "
         f"{'yes' if r['placement']['median_ms'] <= 2 else '**no**'} |",
@@ -256,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             result["ps_s"] = timed_cli(cluster, "ps", "-a")
             result["nodes_s"] = timed_cli(cluster, "nodes")
             result["supervisor"] = supervisor(cluster)
+            result["restored"] = restored_supervisor(cluster)
         finally:
             cluster.stop()
         result |= {"placement": placement(), "machine": machine(Path(run_dir)), "load_before": load_before,
