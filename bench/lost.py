@@ -135,7 +135,7 @@ class LostBench(Bench):
             await asyncio.sleep(0.5)
         got = lost_against_unmoved(lines(await stderr()), moved_at)
         await c.cli("kill", tag, "--grace", "1s")
-        return {**got, "move_s": back_at - moved_at, "ferry_lost_s": report.get("lost_s"),
+        return {**got, "report": report, "move_s": back_at - moved_at, "ferry_lost_s": report.get("lost_s"),
                 "ferry_lost_basis": report.get("lost_basis"), "downtime_ms": report.get("downtime_ms")}
 
     async def run(self) -> dict[str, Any]:

@@ -33,20 +33,22 @@ def attach(pid: int, link: JobLink) -> None:
     """The veth of the job whose network namespace is ``pid``'s: its end configured, the node's
     end up on the node's bridge. Raises OSError. The caller's children must be in the PID
     namespace where ``pid`` is ``pid`` (the kernel reads ``netns PID`` there)."""
-    netcmd.run(["ip", "link", "add", link.host_if, "type", "veth", "peer", "name", JOB_IF, "netns", str(pid)],
-               netns=link.node_netns)
-    netcmd.run(["ip", "link", "set", link.host_if, "master", BRIDGE, "up"], netns=link.node_netns)
+    # two processes for the node's end (one `ip -batch`), three for the job's (nsenter, sh, ip):
+    # a launch's share of the node's CPU when many short jobs start
+    netcmd.run(["ip", "-batch", "-"], netns=link.node_netns,
+               stdin=(f"link add {link.host_if} type veth peer name {JOB_IF} netns {pid}\n"
+                      f"link set {link.host_if} master {BRIDGE} up\n"))
     script = (f"link set lo up\n"
               f"addr add {link.address}/32 dev {JOB_IF}\n"
               f"link set {JOB_IF} up\n"
               f"route add {link.gateway} dev {JOB_IF} scope link\n"
               f"route add default via {link.gateway} dev {JOB_IF}\n")
-    netcmd.run(["ip", "-batch", "-"], netns=f"/proc/{pid}/ns/net", stdin=script)
     # no ICMP redirects: a peer that was on the same node must stay reachable through the gateway
     # once it moves away (a redirect would make its address look directly reachable, for good)
     conf = "/proc/sys/net/ipv4/conf"
-    netcmd.run(["sh", "-c", f"echo 0 > {conf}/all/accept_redirects; echo 0 > {conf}/{JOB_IF}/accept_redirects"],
-               netns=f"/proc/{pid}/ns/net")
+    netcmd.run(["sh", "-c", f"{netcmd.tool('ip')} -batch - && echo 0 > {conf}/all/accept_redirects && "
+                            f"echo 0 > {conf}/{JOB_IF}/accept_redirects"],
+               netns=f"/proc/{pid}/ns/net", stdin=script)
 
 
 @dataclass(frozen=True)

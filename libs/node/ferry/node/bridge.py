@@ -21,6 +21,7 @@ import ipaddress
 import json
 import logging
 import socket
+import time
 from pathlib import Path
 
 import psutil
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 TABLE = "ferry_jobs"
 NO_NETNS = "none"  # FERRY_NODE_NETNS of a node without a job network (ferry.cli.simnet)
 ROUTE_PROTO = "77"  # marks Ferry's routes: the ones it may replace and delete
+RESYNC_S = 30.0  # how often a pass reads the routes table rather than trust what it last applied
 
 
 def job_link(job: Job, job_network: str, node_netns: str) -> JobLink | None:
@@ -100,11 +102,14 @@ class CommandFailed(OSError):
 
 
 class NodeNetwork:
-    def __init__(self, job_network: str, netns: str = "") -> None:
+    def __init__(self, job_network: str, netns: str = "", resync_s: float = RESYNC_S) -> None:
         self.range = check_range(job_network)
         self.cidr = str(self.range)
         self.netns = netns or None
         self.applied: NetState | None = None
+        self.resync_s = resync_s
+        self._known: dict[str, str] | None = None  # Ferry's routes as the last apply left them
+        self._known_at = 0.0  # when they were last read from the table (time.monotonic)
 
     # ---- commands ------------------------------------------------------------------------------
 
@@ -148,7 +153,7 @@ class NodeNetwork:
                 self._sysctl(f"net.ipv4.conf.{conf}.send_redirects", "0")
             # made afresh in one transaction (its maps are filled again by the next apply)
             self._run("nft", "-f", "-", stdin=f"table ip {TABLE} {{}}\ndelete table ip {TABLE}\n" + self._table())
-            self.applied = None
+            self.applied, self._known = None, None
         except (CommandFailed, OSError, ValueError) as exc:
             return f"the job network cannot be set up here: {exc}"
         return None
@@ -181,8 +186,22 @@ class NodeNetwork:
         return {r["dst"].removesuffix("/32"): r.get("gateway", "") for r in out if "dst" in r}
 
     def apply(self, state: NetState) -> None:
-        """Makes the routes and the forwards those of ``state``. Raises CommandFailed."""
-        current = self.routes()
+        """Makes the routes and the forwards those of ``state``. Raises CommandFailed.
+
+        The table is read once per ``resync_s`` (and after a failure or ``ensure``); in between,
+        the routes the last apply left are taken as the table's: a pass is then one ``ip -batch``
+        for what changed, not a read and a write (a process each, per job start and end on every
+        node). A route removed behind Ferry's back is made again at the first pass after a read."""
+        try:
+            self._apply(state)
+        except BaseException:
+            self._known = None
+            raise
+
+    def _apply(self, state: NetState) -> None:
+        if self._known is None or time.monotonic() - self._known_at >= self.resync_s:
+            self._known, self._known_at = self.routes(), time.monotonic()
+        current = self._known
         # one `ip -batch` for all the changes (a command per route cost a process per job change)
         replace = [f"route replace {address}/32 via {via} proto {ROUTE_PROTO}"
                    for address, via in sorted(state.routes.items())
@@ -197,4 +216,5 @@ class NodeNetwork:
             for (proto, port), (address, job_port) in sorted(state.forwards.items()):
                 lines.append(f"add element ip {TABLE} fwd_{proto} {{ {port} : {address} . {job_port} }}")
             self._run("nft", "-f", "-", stdin="\n".join(lines) + "\n")
+        self._known = {a: via for a, via in state.routes.items() if ipaddress.ip_address(a) in self.range}
         self.applied = state
