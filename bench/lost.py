@@ -90,6 +90,11 @@ def lost_against_unmoved(stamps: list[float], moved_at: float) -> dict[str, floa
             "lines_after": float(k - ref)}
 
 
+MOVE_FIGURES = ("mode", "rounds", "round_freeze_ms", "freeze_ms", "downtime_ms", "switch_ms", "restore_ms",
+                "degraded_ms", "bytes_precopy", "bytes_final", "bytes_lazy", "total_ms")
+"""What each Ferry move's JSON says of where its time went, kept with the sample (``--json``)."""
+
+
 class LostBench(Bench):
     """bench/migrate.py's mover (its naive stop-and-copy, its processes and cluster to clean up),
     moving the workloads here and measuring what the moves cost them."""
@@ -135,8 +140,9 @@ class LostBench(Bench):
             await asyncio.sleep(0.5)
         got = lost_against_unmoved(lines(await stderr()), moved_at)
         await c.cli("kill", tag, "--grace", "1s")
-        return {**got, "report": report, "move_s": back_at - moved_at, "ferry_lost_s": report.get("lost_s"),
-                "ferry_lost_basis": report.get("lost_basis"), "downtime_ms": report.get("downtime_ms")}
+        return {**got, "move": {k: report.get(k) for k in MOVE_FIGURES}, "move_s": back_at - moved_at,
+                "ferry_lost_s": report.get("lost_s"), "ferry_lost_basis": report.get("lost_basis"),
+                "downtime_ms": report.get("downtime_ms")}
 
     async def run(self) -> dict[str, Any]:
         if any(m != "naive" for m in self.args.mode_list):
