@@ -5,6 +5,8 @@ Nothing here skips: a missing CRIU or NATS fails the tests that need them, in CI
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -13,14 +15,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import grpc
+import grpc.aio
 import pytest
 
 from ferry.common import ports
+from ferry.common.service import Service
 from ferry.v1 import ferry_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,3 +259,18 @@ def async_stub(channel: grpc.aio.Channel) -> pb_grpc.FerryAdminAsyncStub:
     """The admin API's stub over an asyncio channel, typed as such (mypy-protobuf types the
     constructor for both kinds of channel)."""
     return cast("pb_grpc.FerryAdminAsyncStub", pb_grpc.FerryAdminStub(channel))
+
+
+@contextlib.asynccontextmanager
+async def serving(services: Sequence[Service], addr: str) -> AsyncIterator[pb_grpc.FerryAdminAsyncStub]:
+    """Runs `services` in this process (the API among them, listening on `addr`) and yields the API's
+    stub once every one is ready; at the end sets them all stopping and waits for them."""
+    tasks = [asyncio.create_task(s.serve()) for s in services]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
+        async with grpc.aio.insecure_channel(addr) as channel:
+            yield async_stub(channel)
+    finally:
+        for s in services:
+            s.stopping.set()
+        await asyncio.gather(*tasks, return_exceptions=True)

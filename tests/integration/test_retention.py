@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
 import pytest
 
 from ferry.api.service import Api
@@ -21,7 +20,7 @@ from ferry.scheduler.service import Scheduler
 from ferry.store.store import CheckpointStore
 from ferry.store.url import open_store
 from ferry.v1 import ferry_pb2 as pb
-from tests.conftest import PY, async_stub, make_secrets
+from tests.conftest import PY, make_secrets, serving
 
 pytestmark = pytest.mark.criu
 
@@ -39,20 +38,12 @@ async def one_node(nats_url: str, tmp_path: Path, **settings: Any) -> AsyncItera
     base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3,
                     scratch_dir=str(tmp_path / "scratch"), **settings)
     services: list[Service] = [Scheduler(base), Api(base), Checkpointer(base.model_copy(update={"node_id": "n1"}))]
-    tasks = [asyncio.create_task(s.serve()) for s in services]
-    try:
-        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
-        async with grpc.aio.insecure_channel(base.addr) as channel:
-            stub = async_stub(channel)
-            for _ in range(50):
-                if (await stub.ListNodes(pb.ListNodesRequest())).nodes:
-                    break
-                await asyncio.sleep(0.1)
-            yield stub, open_store(base.resolved_store_url(), base.resolved_store_key_file())
-    finally:
-        for s in services:
-            s.stopping.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async with serving(services, base.addr) as stub:
+        for _ in range(50):
+            if (await stub.ListNodes(pb.ListNodesRequest())).nodes:
+                break
+            await asyncio.sleep(0.1)
+        yield stub, open_store(base.resolved_store_url(), base.resolved_store_key_file())
 
 
 async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, criu_bin: str) -> None:

@@ -9,7 +9,6 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-import grpc.aio
 import pytest
 
 from ferry.api.service import Api
@@ -19,7 +18,7 @@ from ferry.common.ports import free_port
 from ferry.common.service import Service
 from ferry.scheduler.service import Scheduler
 from ferry.v1 import ferry_pb2 as pb
-from tests.conftest import async_stub, make_secrets
+from tests.conftest import make_secrets, serving
 
 pytestmark = [pytest.mark.criu, pytest.mark.timeout(120)]
 
@@ -32,30 +31,22 @@ async def test_short_jobs_on_equal_nodes_go_round_the_nodes(nats_url: str, tmp_p
                     heartbeat_timeout_s=5, scratch_dir=str(tmp_path / "scratch"))
     services: list[Service] = [Scheduler(base), Api(base)]
     services += [Checkpointer(base.model_copy(update={"node_id": node})) for node in NODES]
-    tasks = [asyncio.create_task(s.serve()) for s in services]
-    try:
-        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in services)), 30)
-        async with grpc.aio.insecure_channel(base.addr) as channel:
-            stub = async_stub(channel)
-            for _ in range(100):
-                nodes = (await stub.ListNodes(pb.ListNodesRequest())).nodes
-                if len(nodes) == len(NODES) and all(n.state == "ready" for n in nodes):
+    async with serving(services, base.addr) as stub:
+        for _ in range(100):
+            nodes = (await stub.ListNodes(pb.ListNodesRequest())).nodes
+            if len(nodes) == len(NODES) and all(n.state == "ready" for n in nodes):
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(n.id for n in nodes if n.state == "ready") == list(NODES)
+        placed = []
+        for i in range(3 * len(NODES)):
+            job = await stub.SubmitJob(pb.SubmitJobRequest(name=f"short-{i}", argv=["true"], cwd="/"))
+            placed.append(job.node)
+            for _ in range(300):  # it ends before the next one is submitted
+                if (await stub.GetJob(pb.JobRef(job=f"short-{i}"))).state == "succeeded":
                     break
-                await asyncio.sleep(0.1)
-            assert sorted(n.id for n in nodes if n.state == "ready") == list(NODES)
-            placed = []
-            for i in range(3 * len(NODES)):
-                job = await stub.SubmitJob(pb.SubmitJobRequest(name=f"short-{i}", argv=["true"], cwd="/"))
-                placed.append(job.node)
-                for _ in range(300):  # it ends before the next one is submitted
-                    if (await stub.GetJob(pb.JobRef(job=f"short-{i}"))).state == "succeeded":
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    pytest.fail(f"short-{i} did not end")
-            assert Counter(placed) == {node: 3 for node in NODES}, placed
-            assert len(set(placed[:len(NODES)])) == len(NODES), placed  # each node once before any twice
-    finally:
-        for s in services:
-            s.stopping.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail(f"short-{i} did not end")
+        assert Counter(placed) == {node: 3 for node in NODES}, placed
+        assert len(set(placed[:len(NODES)])) == len(NODES), placed  # each node once before any twice
