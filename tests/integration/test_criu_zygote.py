@@ -6,8 +6,10 @@ by which a restarted node service finds a restore under way."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,9 @@ from ferry.criu.zygote import ZygoteClient, ZygoteProcess
 from ferry.node.procs import restores_of
 from tests.integration.criu_helpers import COUNTER, ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import checkpoint_and_kill, lines_in, rebuild
+
+BIG_COUNTER = ("import sys, time\nheld = bytearray(256 << 20)\nfor i in range(0, len(held), 4096): held[i] = 1\n"
+               "i = 0\nwhile True:\n    print(i, flush=True)\n    i += 1\n    time.sleep(0.01)\n")
 
 pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(90)]
 
@@ -96,3 +101,33 @@ async def test_a_restore_through_the_zygote_continues_the_job_and_is_found_by_it
     ended = await wait_exit(dst)
     assert (ended.signal, ended.incarnation) == (9, 2)
     await wait_for("the monitor to exit", lambda: is_gone(restored.shim_pid))
+
+
+async def test_a_zygote_killed_during_a_restore_leaves_one_restore_that_the_caller_still_gets(
+        tmp_path: Path, criu_ok: CriuRunner, pids: list[int], zygote: tuple[ZygoteProcess, ZygoteClient]) -> None:
+    """The zygote dies with the node's checkpointer, which the migrator's restore does not: the
+    restore it forked goes on, and the caller must neither start a second one nor lose the first."""
+    proc, client = zygote
+    assert proc.proc is not None
+    src = JobDir(tmp_path / "a")
+    # 256 MiB to restore: the zygote is killed while CRIU is at it
+    info = await launch(src, [sys.executable, "-c", BIG_COUNTER], cwd=tmp_path, env=ENV, incarnation=1,
+                        zygote=client)
+    pids.append(info.pid)
+    await wait_for("some output", lambda: len(lines_in(src.stdout)) >= 5)
+    dumped = await checkpoint_and_kill(criu_ok, src, info.pid, tmp_path / "images")
+    dst = JobDir(tmp_path / "b")
+    restoring = asyncio.create_task(restore(dst, tmp_path / "images", inherit=rebuild(src, dst, dumped),
+                                            incarnation=2, zygote=client))
+    while not (dst.shim_log.exists() and "running" in dst.shim_log.read_text()):  # CRIU runs
+        assert not restoring.done(), "the restore ended before CRIU was seen running"
+        await asyncio.sleep(0.001)
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    restored = await restoring
+    pids.append(restored.pid)
+    assert [p.pid for p in restores_of(dst.path, 2)] == [restored.shim_pid]
+    assert dst.shim_log.read_text().count("criu restore exited") == 1  # CRIU ran once: no second shim
+    seen = len(lines_in(dst.stdout))
+    await wait_for("output after the restore", lambda: len(lines_in(dst.stdout)) >= seen + 3)
+    os.kill(restored.pid, signal.SIGKILL)
+    assert (await wait_exit(dst)).incarnation == 2

@@ -53,9 +53,10 @@ class ZygoteClient:
 
     async def run(self, argv: Sequence[str], timeout_s: float) -> tuple[int, bytes, bytes]:
         """(exit code, stdout, stderr) of the shim started with ``argv`` (without ``python -m
-        ferry.criu.shim``). OSError when the zygote cannot be reached (the caller then spawns the
-        shim itself); TimeoutError after ``timeout_s``, with the starter killed, as is a starter
-        whose caller is cancelled."""
+        ferry.criu.shim``). OSError when the zygote cannot be reached or refuses, before any starter
+        was forked (the caller then spawns the shim itself); a zygote that ends after it forked
+        the starter is not an error: the starter's own output tells how it ended. TimeoutError
+        after ``timeout_s``, with the starter killed, as is a starter whose caller is cancelled."""
         loop = asyncio.get_running_loop()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.setblocking(False)
@@ -77,7 +78,19 @@ class ZygoteClient:
                 if "pid" not in first:
                     raise OSError(f"the zygote refused: {first.get('error', first)}")
                 starter = int(str(first["pid"]))
-                out, err, last = await asyncio.gather(_drain(out_r), _drain(err_r), reader.next())
+                drained = asyncio.gather(_drain(out_r), _drain(err_r))
+                try:
+                    last = await reader.next()
+                except OSError:
+                    # The zygote ended after it forked the starter (it dies with the node's
+                    # checkpointer). The starter goes on without it, and a second shim started now
+                    # would run the job twice: wait for the starter on the pipes it writes to. Its
+                    # exit status is gone with the zygote; a detached shim prints its reply on
+                    # stdout only when it succeeded.
+                    out, err = await drained
+                    starter = 0
+                    return (0 if out.strip() else 1), out, err
+                out, err = await drained
             starter = 0
             return int(str(last.get("exit", 1))), out, err
         except BaseException:
