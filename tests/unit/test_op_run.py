@@ -23,7 +23,7 @@ def event(kind: str, **kw: object) -> wire.NodeEvent:
 
 def test_a_submitted_job_is_recorded_from_its_spec_and_its_op_runs() -> None:
     spec = wire.JobSpec(name="t1", argv=["python", "x.py"], node="a", cpus=2)
-    s = run.submit(spec, "job-1", Op(id="op-s", kind=OpKind.SUBMIT))
+    s = run.submit(spec.to_job("job-1", "op-s"), Op(id="op-s", kind=OpKind.SUBMIT))
     assert (s.job.id, s.job.requested_node, s.job.cpus, s.job.op) == ("job-1", "a", 2, "op-s")
     assert [e.event for e in s.effects if isinstance(e, SaveJob)] == ["submitted"]
     accepted = run.accept(s.job, s.op)
@@ -32,7 +32,8 @@ def test_a_submitted_job_is_recorded_from_its_spec_and_its_op_runs() -> None:
 
 def test_a_submit_that_fits_is_recorded_once_then_launched_and_one_that_does_not_waits_for_place() -> None:
     spec = wire.JobSpec(name="t1", argv=["x"])
-    s = run.submit(spec, "job-1", Op(id="op-s", kind=OpKind.SUBMIT), placement=Placement("a", gpus=("GPU-1",)))
+    s = run.submit(spec.to_job("job-1", "op-s"), Op(id="op-s", kind=OpKind.SUBMIT),
+                   placement=Placement("a", gpus=("GPU-1",)))
     assert [type(e).__name__ for e in s.effects] == ["SaveJob", "SaveOp", "Send"]  # the record before the launch
     saved = s.effects[0]
     assert isinstance(saved, SaveJob) and saved.event == "submitted"
@@ -41,7 +42,8 @@ def test_a_submit_that_fits_is_recorded_once_then_launched_and_one_that_does_not
     assert (s.op.state, s.op.job) == (OpState.RUNNING, "job-1")
     assert [(c.cmd.kind, c.cmd.job.node, c.cmd.incarnation, c.cmd.op) for c in s.commands()] == [
         ("launch", "a", 1, "op-s")]
-    waits = run.submit(spec, "job-1", Op(id="op-s", kind=OpKind.SUBMIT), placement=Placement(None, "full"))
+    waits = run.submit(spec.to_job("job-1", "op-s"), Op(id="op-s", kind=OpKind.SUBMIT),
+                       placement=Placement(None, "full"))
     assert [type(e).__name__ for e in waits.effects] == ["SaveJob", "SaveOp"] and not waits.commands()
     assert (waits.job.node, waits.job.incarnation) == (None, 0)
 

@@ -53,15 +53,11 @@ def restores_of(job_dir: Path, incarnation: int) -> list[psutil.Process]:
     service that may be gone: they outlive it), by their command line: ``python -m ferry.criu.shim
     restore --job-dir DIR --incarnation N ...``, as a new interpreter has it and as a fork of the
     node's zygote shows it (its title: one string, which psutil splits at spaces)."""
-    want = ["--job-dir", str(job_dir), "--incarnation", str(incarnation)]
-    line_wants = (f" --job-dir {job_dir} ", f" --incarnation {incarnation} ")
+    wants = (f" --job-dir {job_dir} ", f" --incarnation {incarnation} ")  # a path with spaces stays whole
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         argv = proc.info["cmdline"] or []
-        if "ferry.criu.shim" not in argv or "restore" not in argv:
-            continue
-        line = f" {' '.join(argv)} "
-        if all(w in argv for w in want) or all(w in line for w in line_wants):
+        if "ferry.criu.shim" in argv and "restore" in argv and all(w in f" {' '.join(argv)} " for w in wants):
             found.append(proc)
     return found
 

@@ -198,9 +198,10 @@ class Scheduler(Service):
                     raise UsageError(problem)
                 address = allocate(self.settings.job_network, self.state.taken_addresses(), after=self.last_address)
                 self.last_address = address
-            draft = spec.to_job(job_id, op.id)
-            placement = await self.placement(draft, wanted=draft.requested_node)
-            created = run.submit(spec, job_id, op, address=address, placement=placement)
+            new = spec.to_job(job_id, op.id)
+            new.address = address
+            placement = await self.placement(new, wanted=new.requested_node)
+            created = run.submit(new, op, placement=placement)
             await self.effects.apply(created)  # placed: recorded, accepted and launched in one step
             if placement.node is None:
                 await self.effects.apply(run.place(created.job, created.op, placement, now()))

@@ -15,23 +15,20 @@ from ferry.common.models import Job, JobState, Op, OpKind, OpState
 from ferry.scheduler.ops.step import Placement, SaveOp, Step, ended, next_checkpoint_at, no_op
 
 
-def submit(spec: wire.JobSpec, job_id: str, op: Op, *, address: str | None = None,
-           placement: Placement | None = None) -> Step:
-    """A new job recorded from its spec, its submit op running, and, when `placement` names a node,
+def submit(job: Job, op: Op, *, placement: Placement | None = None) -> Step:
+    """A new job (``JobSpec.to_job``, with a bridge-network job's address allocated by the shell,
+    ``ferry.common.jobnet``) recorded, its submit op running, and, when `placement` names a node,
     the job sent there in the same step: one record of the job (with the ``submitted`` event), its
     op, then the launch. The record goes before the command, so a scheduler that dies in between
     finds the job when the submit is redelivered and places it again as its next incarnation. A
-    job that fits nowhere yet (or a submit given no placement) is recorded pending for ``place``.
-    ``address``: a bridge-network job's, allocated by the shell (``ferry.common.jobnet``)."""
-    job = spec.to_job(job_id, op.id)
-    job.address = address
+    job that fits nowhere yet (or a submit given no placement) is recorded pending for ``place``."""
     s = Step.of(job, op)
     placed = placement is not None and placement.node is not None
     if placed:
         assert placement is not None
         _assign(s.job, placement)
     s.save_job("submitted")
-    s.op.job, s.op.state = job.id, OpState.RUNNING
+    s.op.job, s.op.state = s.job.id, OpState.RUNNING
     s.save_op()
     if placed:
         _launch(s)
