@@ -103,10 +103,13 @@ async def test_a_restore_through_the_zygote_continues_the_job_and_is_found_by_it
     await wait_for("the monitor to exit", lambda: is_gone(restored.shim_pid))
 
 
-async def test_a_zygote_killed_during_a_restore_leaves_one_restore_that_the_caller_still_gets(
-        tmp_path: Path, criu_ok: CriuRunner, pids: list[int], zygote: tuple[ZygoteProcess, ZygoteClient]) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "paused"])
+async def test_a_zygote_killed_or_paused_during_a_restore_leaves_one_restore_that_the_caller_still_gets(
+        tmp_path: Path, criu_ok: CriuRunner, pids: list[int], zygote: tuple[ZygoteProcess, ZygoteClient],
+        sig: signal.Signals) -> None:
     """The zygote dies with the node's checkpointer, which the migrator's restore does not: the
-    restore it forked goes on, and the caller must neither start a second one nor lose the first."""
+    restore it forked goes on, and the caller must neither start a second one nor lose the first,
+    nor wait on a paused zygote until its timeout kills a starter whose restore went well."""
     proc, client = zygote
     assert proc.proc is not None
     src = JobDir(tmp_path / "a")
@@ -122,8 +125,11 @@ async def test_a_zygote_killed_during_a_restore_leaves_one_restore_that_the_call
     while not (dst.shim_log.exists() and "running" in dst.shim_log.read_text()):  # CRIU runs
         assert not restoring.done(), "the restore ended before CRIU was seen running"
         await asyncio.sleep(0.001)
-    os.kill(proc.proc.pid, signal.SIGKILL)
-    restored = await restoring
+    os.kill(proc.proc.pid, sig)
+    try:
+        restored = await asyncio.wait_for(restoring, 20)  # well within the restore's own timeout
+    finally:
+        os.kill(proc.proc.pid, signal.SIGCONT)
     pids.append(restored.pid)
     assert [p.pid for p in restores_of(dst.path, 2)] == [restored.shim_pid]
     assert dst.shim_log.read_text().count("criu restore exited") == 1  # CRIU ran once: no second shim

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 FDS = 3  # the starter's stdin, stdout and stderr
+EXIT_WORD_S = 2.0  # how long the zygote may take to report a starter that closed its output
 
 
 # -- the client --------------------------------------------------------------------------------
@@ -55,8 +56,9 @@ class ZygoteClient:
         """(exit code, stdout, stderr) of the shim started with ``argv`` (without ``python -m
         ferry.criu.shim``). OSError when the zygote cannot be reached or refuses, before any starter
         was forked (the caller then spawns the shim itself); a zygote that ends after it forked
-        the starter is not an error: the starter's own output tells how it ended. TimeoutError
-        after ``timeout_s``, with the starter killed, as is a starter whose caller is cancelled."""
+        the starter, or is paused, is not an error: the starter's own output tells how it ended.
+        TimeoutError after ``timeout_s``, with the starter killed, as is a starter whose caller is
+        cancelled."""
         loop = asyncio.get_running_loop()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.setblocking(False)
@@ -78,21 +80,18 @@ class ZygoteClient:
                 if "pid" not in first:
                     raise OSError(f"the zygote refused: {first.get('error', first)}")
                 starter = int(str(first["pid"]))
-                drained = asyncio.gather(_drain(out_r), _drain(err_r))
-                try:
-                    last = await reader.next()
-                except OSError:
-                    # The zygote ended after it forked the starter (it dies with the node's
-                    # checkpointer). The starter goes on without it, and a second shim started now
-                    # would run the job twice: wait for the starter on the pipes it writes to. Its
-                    # exit status is gone with the zygote; a detached shim prints its reply on
-                    # stdout only when it succeeded.
-                    out, err = await drained
-                    starter = 0
-                    return (0 if out.strip() else 1), out, err
-                out, err = await drained
-            starter = 0
-            return int(str(last.get("exit", 1))), out, err
+                # The starter's result is on the pipes it writes to; the zygote's word of its exit
+                # only confirms it. A zygote that ended after the fork (it dies with the node's
+                # checkpointer) or is paused must not make the caller start a second shim beside a
+                # starter that goes on, nor kill that starter: the job would run twice, or be
+                # restored here while the caller reports a failure.
+                out, err = await asyncio.gather(_drain(out_r), _drain(err_r))
+                starter = 0
+            try:
+                async with asyncio.timeout(EXIT_WORD_S):
+                    return int(str((await reader.next()).get("exit", 1))), out, err
+            except (OSError, TimeoutError):  # a detached shim prints its reply only when it succeeded
+                return (0 if out.strip() else 1), out, err
         except BaseException:
             if starter:
                 with contextlib.suppress(OSError):
