@@ -54,7 +54,8 @@ def diagnosis(c: Cluster, job: str, *nodes: str) -> str:
     return "\n".join(parts) + "\n" + c.log_tails("scheduler", "autoscaler", "health", *on_nodes, lines=40)
 
 
-def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_nothing(fleet: Cluster) -> None:
+def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_nothing(fleet: Cluster,
+                                                                                    tmp_path: Path) -> None:
     c = fleet
     # bad bounds: one line, exit 2, nothing set
     bad = c.ferry("autoscale", "--min", "5", "--max", "2", check=False)
@@ -72,7 +73,11 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
     c.wait_state("a", "running")
     c.wait_state("b", "running")
     # c fits nowhere: a small node is launched for it, and it runs there
-    c.json("run", "--name", "c", "--cpus", "2", "--checkpoint-every", "5s", "--", *long_)
+    # c waits, silent, after its last step until the test has seen it moved: a job that ended on
+    # the new node before the retirement would leave it there (a finished job is not moved)
+    go = tmp_path / "c-go"
+    held = ["sh", "-c", f'"$0" "$@" && while [ ! -e {go} ]; do sleep 0.2; done', *long_]
+    c.json("run", "--name", "c", "--cpus", "2", "--checkpoint-every", "5s", "--", *held)
     launched = wait_until(lambda: [n for n in fleet_nodes(c).values() if n["state"] == "running"], 90,
                           "a node launched for c")
     node = launched[0]["id"]
@@ -90,9 +95,10 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
                          180, f"{node} to retire")
     assert "saves 0.100 USD/h" in retired["reason"]
     moved = c.json("status", "c")
-    assert moved["node"] == "n1", diagnosis(c, "c", "n1", node)  # once failed in CI, cause unknown: print it
+    assert (moved["node"], moved["state"]) == ("n1", "running"), diagnosis(c, "c", "n1", node)
     assert node not in {n["id"] for n in c.json("nodes")}
     assert c.logs("d") == "kept after its node is gone\n"  # from the store: its node is gone
+    go.touch()
     done = c.wait_state("c", "succeeded", timeout=240)
     assert done["exit_code"] == 0
     assert c.logs("c") == want
