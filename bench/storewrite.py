@@ -1,8 +1,8 @@
 """Where a checkpoint's upload time goes: Ferry's store write of one CRIU-sized pages file against
 a plain copy of the same bytes onto the same disk, in one run.
 
-    .venv/bin/python bench/storewrite.py [--mib 1024] [--repeat 3] [--workers 2] [--chunk-kib 256,512]
-                                         [--json PATH] [--md PATH]
+    .venv/bin/python bench/storewrite.py [--mib 1024] [--repeat 3] [--workers 2] [--chunk-kib 512]
+                                         [--layout packed,loose] [--json PATH] [--md PATH]
 
 The file (random bytes: process memory rarely compresses) lies where Ferry's nodes dump CRIU
 images, /dev/shm. For each repeat, in turn, after a ``sync`` (so that one step's dirty pages are
@@ -11,8 +11,10 @@ not written back during the next):
 - **copy**: the file copied into a directory beside the store (``shutil.copyfile``): the floor
   for putting those bytes on that disk;
 - **store, disk**: ``CheckpointStore.write_checkpoint`` into a sealed local store on that disk,
-  cut by virtual address as a pages image is, for each ``--workers`` and each ``--chunk-kib``
-  (the store's ``page_chunk``: one stored object per window of the address space);
+  cut by virtual address as a pages image is, for each ``--workers``, each ``--chunk-kib`` (the
+  store's ``page_chunk``: one chunk per window of the address space) and each ``--layout``
+  (``packed``: chunks appended to packs of 16 MiB, what Ferry does; ``loose``: one stored object
+  per chunk, as before packs);
 - **store, memory**: the same into a store in /dev/shm: the hashing, sealing and file handling
   alone, without the disk.
 
@@ -36,6 +38,7 @@ from benchkit import add_run_arguments, emit, machine, machine_line, median, run
 
 from ferry.store.keys import KeyRing
 from ferry.store.local import LocalBackend
+from ferry.store.packs import PACK_BYTES
 from ferry.store.store import CheckpointStore
 
 PAGES = "pages-1.img"
@@ -66,10 +69,15 @@ def timed_copy(src: Path, dest_dir: Path) -> float:
     return took
 
 
-def timed_store(src: Path, root: Path, workers: int, chunk_kib: int, ring: KeyRing, mib: int) -> float:
+LAYOUTS = {"packed": PACK_BYTES, "loose": 0}
+
+
+def timed_store(src: Path, root: Path, kind: tuple[int, int, str], ring: KeyRing, mib: int) -> float:
+    workers, chunk_kib, layout = kind
     shutil.rmtree(root, ignore_errors=True)
     settle()
-    store = CheckpointStore(LocalBackend(root), workers=workers, keyring=ring, page_chunk=chunk_kib << 10)
+    store = CheckpointStore(LocalBackend(root), workers=workers, keyring=ring, page_chunk=chunk_kib << 10,
+                            pack_bytes=LAYOUTS[layout])
     t0 = time.monotonic()
     store.write_checkpoint(job="job-bench", checkpoint="ck-bench", parent=None, src_dir=src.parent,
                            page_maps={PAGES: [(VADDR, mib * 256)]})
@@ -82,20 +90,21 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     shm = Path("/dev/shm") / f"ferry-storewrite-{os.getpid()}"
     ring = KeyRing.generate()
     result: dict[str, Any] = {"config": {"mib": args.mib, "repeat": args.repeat, "workers": args.workers,
-                                         "chunk_kib": args.chunk_kib},
+                                         "chunk_kib": args.chunk_kib, "layout": args.layout},
                               "machine": machine(data), "load_before": uptime()}
-    kinds = [(w, k) for w in args.workers for k in args.chunk_kib]
+    kinds = [(w, k, layout) for w in args.workers for k in args.chunk_kib for layout in args.layout]
     samples: dict[str, list[float]] = {"copy": []}
-    for w, k in kinds:
-        samples[f"store_disk_w{w}_{k}k"] = []
-        samples[f"store_memory_w{w}_{k}k"] = []
+    for w, k, layout in kinds:
+        samples[f"store_disk_w{w}_{k}k_{layout}"] = []
+        samples[f"store_memory_w{w}_{k}k_{layout}"] = []
     try:
         src = make_source(shm / "src", args.mib)
         for i in range(args.repeat):
             samples["copy"].append(timed_copy(src, data / "copy"))
-            for w, k in kinds:
-                samples[f"store_disk_w{w}_{k}k"].append(timed_store(src, data / "store", w, k, ring, args.mib))
-                samples[f"store_memory_w{w}_{k}k"].append(timed_store(src, shm / "store", w, k, ring, args.mib))
+            for kind in kinds:
+                name = "w{}_{}k_{}".format(*kind)
+                samples[f"store_disk_{name}"].append(timed_store(src, data / "store", kind, ring, args.mib))
+                samples[f"store_memory_{name}"].append(timed_store(src, shm / "store", kind, ring, args.mib))
             print(f"repeat {i + 1}/{args.repeat}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in samples.items()),
                   file=sys.stderr, flush=True)
     finally:
@@ -132,14 +141,24 @@ def numbers(text: str) -> list[int]:
     return values
 
 
+def layouts(text: str) -> list[str]:
+    """A comma-separated list of store layouts (argparse names the option on error)."""
+    values = text.split(",")
+    if not values or any(v not in LAYOUTS for v in values):
+        raise argparse.ArgumentTypeError(f"layouts among {', '.join(LAYOUTS)}, not {text!r}")
+    return values
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--mib", type=int, default=1024, help="size of the pages file (default 1024)")
     p.add_argument("--repeat", type=int, default=3, help="repeats (default 3)")
     p.add_argument("--workers", type=numbers, default=[2],
                    help="the store's thread counts to measure, e.g. 2,4 (default 2)")
-    p.add_argument("--chunk-kib", type=numbers, default=[256, 512],
-                   help="pages-image window sizes in KiB to measure, multiples of 4 (default 256,512)")
+    p.add_argument("--chunk-kib", type=numbers, default=[512],
+                   help="pages-image window sizes in KiB to measure, multiples of 4 (default 512)")
+    p.add_argument("--layout", type=layouts, default=list(LAYOUTS),
+                   help="store layouts to measure: packed (Ferry's), loose (a file per chunk) (default both)")
     add_run_arguments(p)
     args = p.parse_args()
     if args.mib < 1 or args.repeat < 1 or any(k % 4 for k in args.chunk_kib):

@@ -246,6 +246,29 @@ def without_pauses(argv: list[str]) -> list[str]:
     return [*argv[:at], "0", *argv[at + 1:]]
 
 
+def stored_places(store: Path, job: str | None = None) -> dict[str, tuple[Path, int, int]]:
+    """Where each chunk of a local store's checkpoints lies, by hash: (file, offset, stored bytes),
+    read from the manifests (of ``job`` only, when given): a chunk in a pack or on its own."""
+    places: dict[str, tuple[Path, int, int]] = {}
+    for manifest in sorted((store / "manifests" / (job or "")).rglob("*.json")):
+        for entry in json.loads(manifest.read_text())["files"]:
+            for ref in entry["chunks"]:
+                if "pack" in ref:
+                    places[ref["hash"]] = (store / "packs" / ref["pack"], ref["at"], ref["stored"])
+                else:
+                    path = store / "chunks" / ref["hash"]
+                    places[ref["hash"]] = (path, 0, path.stat().st_size)
+    return places
+
+
+def damage_stored(place: tuple[Path, int, int], where: float = 1.0) -> None:
+    """Flips one byte of a stored chunk: at ``where`` (0 first, 1 last) of its stored bytes."""
+    path, at, size = place
+    data = bytearray(path.read_bytes())
+    data[at + min(size - 1, int(size * where))] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def reference_output(argv: list[str]) -> str:
     """The output of `argv` run directly, without Ferry (without the pauses of a shared workload;
     cached per session)."""

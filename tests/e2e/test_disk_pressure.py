@@ -35,6 +35,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_the_freeze(full_cluster:
         assert proc_state(pid) not in ("T", "t", "gone")
         status = c.json("status", "full")
         assert status["state"] == "running" and status["last_checkpoint"] is None
+    assert not any((c.data_dir / "store").rglob("packs/*")), "a refused checkpoint wrote chunks"
     assert not any((c.data_dir / "store").rglob("chunks/*")), "a refused checkpoint wrote chunks"
     n = c.logs("full").count("\n")
     c.wait_lines("full", n + 5)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, PY, Cluster, wait_until
+from tests.conftest import BIN, PY, Cluster, damage_stored, stored_places, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -104,10 +104,7 @@ def test_corrupt_chunk_is_named_and_other_checkpoints_still_restore(cluster: Clu
     only_second = sorted(chunks(second["id"]) - chunks(first["id"]))
     assert only_second
     victim = only_second[0]
-    path = store / "chunks" / victim
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    damage_stored(stored_places(store, job_id)[victim], where=0.5)
 
     # named explicitly: restored or refused, never replaced (without --checkpoint the older one is used)
     line = one_line_error(cluster.ferry("restore", "corrupt", "--node", "node-2", "--checkpoint", second["id"],

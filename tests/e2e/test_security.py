@@ -281,8 +281,8 @@ def test_secrets_reach_only_the_workload(tenants: Tenants, tmp_path: Path) -> No
     seen = asyncio.run(read_bus()) + tenants.ferry("admin", "audit", "-o", "json").stdout.encode()
     assert b"sec-env" in seen  # the job's record was read
     assert SECRET_ENV.encode() not in seen and SECRET_FILE.encode() not in seen
-    chunks = [p.read_bytes() for p in (c.data_dir / "store" / "chunks").rglob("*") if p.is_file()]
-    assert chunks and not any(SECRET_ENV.encode() in b or SECRET_FILE.encode() in b for b in chunks)
+    stored = [p.read_bytes() for p in (c.data_dir / "store" / "packs").rglob("*") if p.is_file()]
+    assert stored and not any(SECRET_ENV.encode() in b or SECRET_FILE.encode() in b for b in stored)
     tenants.ferry("acme", "kill", "sec-env")
 
 

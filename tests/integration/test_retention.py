@@ -56,15 +56,16 @@ async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, c
             updates = [u async for u in stub.Checkpoint(pb.CheckpointRequest(job="churn"))]
             assert not updates[-1].error, updates[-1].error
             taken.append(updates[-1].checkpoint.id)
-            chunks_after.append(sum(1 for _ in store.backend.list("chunks/")))
+            chunks_after.append(sum(1 for _ in store.backend.list("packs/")))
         listed = [c.id for c in (await stub.ListCheckpoints(pb.JobRef(job="churn"))).checkpoints]
         assert listed == taken[-2:]
         assert sorted(store.list_checkpoints(job.id)) == sorted(taken[-2:])
         assert (await stub.GetJob(pb.JobRef(job="churn"))).last_checkpoint == taken[-1]
-        # from the third checkpoint on, collection keeps the chunk count from growing without bound
+        # from the third checkpoint on, collection keeps the pack count from growing without bound
         assert chunks_after[3] < chunks_after[1] + (chunks_after[1] - chunks_after[0]) * 2
-        referenced = set().union(*(store.read_manifest(job.id, c).chunk_hashes() for c in taken[-2:]))
-        assert {k.removeprefix("chunks/") for k in store.backend.list("chunks/")} == referenced
+        referenced = set().union(*(store.read_manifest(job.id, c).packs() for c in taken[-2:]))
+        assert {k.removeprefix("packs/") for k in store.backend.list("packs/")} == referenced
+        assert list(store.backend.list("chunks/")) == []  # every chunk in a pack
         await stub.KillJob(pb.KillJobRequest(job="churn", grace_s=0))
 
 
@@ -92,5 +93,5 @@ async def test_the_checkpoints_of_an_ended_job_expire_and_a_parked_jobs_stay(nat
         assert len(store.list_checkpoints(parked.id)) == 1
         assert (await stub.GetJob(pb.JobRef(job="parked"))).last_checkpoint
         # nothing of the ended job's is left in the store: its chunks went too
-        kept = store.read_manifest(parked.id, store.list_checkpoints(parked.id)[0]).chunk_hashes()
-        assert {k.removeprefix("chunks/") for k in store.backend.list("chunks/")} == set(kept)
+        kept = store.read_manifest(parked.id, store.list_checkpoints(parked.id)[0]).packs()
+        assert {k.removeprefix("packs/") for k in store.backend.list("packs/")} == kept

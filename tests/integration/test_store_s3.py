@@ -13,7 +13,7 @@ import pytest
 
 from ferry.store.chunking import PAGE_CHUNK
 from ferry.store.errors import BackendUnavailable, ChunkCorrupt, ObjectNotFound
-from ferry.store.manifest import chunk_key
+from ferry.store.manifest import pack_key
 from ferry.store.retry import RetryPolicy
 from ferry.store.s3 import S3Backend
 from ferry.store.store import CheckpointStore
@@ -69,6 +69,11 @@ def test_backend_basics_and_prefixes(moto: MotoServer) -> None:
     with pytest.raises(ObjectNotFound, match="chunks/x is not in s3://ferry-test/team-a/"):
         a.get("chunks/x")
     assert b.get("chunks/x") == b"two"
+    b.put("packs/p", b"0123456789")
+    assert (b.get_range("packs/p", 2, 3), b.get_range("packs/p", 8, 5), b.get_range("packs/p", 10, 4)) == (
+        b"234", b"89", b"")
+    with pytest.raises(ObjectNotFound):
+        a.get_range("packs/p", 0, 1)
 
 
 def test_listing_pages_through_many_keys(moto: MotoServer) -> None:
@@ -110,18 +115,20 @@ def test_roundtrip_dedup_and_corruption(moto: MotoServer, tmp_path: Path) -> Non
     assert (tmp_path / "out2" / "pages-1.img").read_bytes() == (src / "pages-1.img").read_bytes()
 
     (victim,) = second.manifest.chunk_hashes() - first.manifest.chunk_hashes()
-    stored = bytearray(backend.get(chunk_key(victim)))
-    stored[-1] ^= 1
-    backend.put(chunk_key(victim), bytes(stored))
+    (ref,) = [r for f in second.manifest.files for r in f.chunks if r.hash == victim]
+    assert ref.pack is not None and second.manifest.packs() == {ref.pack} | first.manifest.packs()
+    stored = bytearray(backend.get(pack_key(ref.pack)))  # its pack, read whole then in ranges
+    stored[ref.at + ref.stored - 1] ^= 1
+    backend.put(pack_key(ref.pack), bytes(stored))
     with pytest.raises(ChunkCorrupt) as info:
         store.restore_files(second.manifest, tmp_path / "out3")
     assert (info.value.checkpoint, info.value.chunk, info.value.path) == ("c2", victim, "pages-1.img")
     store.restore_files(first.manifest, tmp_path / "out4")
 
     store.delete_checkpoint("j", "c2")
-    collected = store.gc()  # the damaged chunk went to quarantine/ when the restore found it
-    assert collected.chunks_deleted + collected.quarantined_deleted == 1
-    assert not backend.exists(chunk_key(victim))
+    collected = store.gc()  # a copy of the damaged chunk went to quarantine/ when the restore found it
+    assert (collected.packs_deleted, collected.quarantined_deleted) == (1, 1)
+    assert not backend.exists(pack_key(ref.pack)) and list(backend.list("damaged/")) == []
 
 
 def test_big_objects_go_multipart(moto: MotoServer) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 from ferry.store.keys import KeyRing, write_private
 from ferry.store.local import LocalBackend
-from ferry.store.manifest import chunk_key
+from ferry.store.manifest import pack_key
+from ferry.store.packs import damage_key
 from ferry.store.store import CheckpointStore
 from tests.conftest import BIN
 
@@ -40,24 +41,29 @@ def test_verify_names_what_would_not_restore_and_repair_mends_it(tmp_path: Path)
     assert [c["restorable"] for c in report["checkpoints"]] == [True, True]
 
     (victim,) = second.manifest.chunk_hashes() - first.manifest.chunk_hashes()
-    path = backend.root / chunk_key(victim)
-    path.write_bytes(path.read_bytes()[:-1] + b"\0")
+    (ref,) = [r for f in second.manifest.files for r in f.chunks if r.hash == victim]
+    assert ref.pack is not None
+    path = backend.root / pack_key(ref.pack)
+    stored = bytearray(path.read_bytes())
+    stored[ref.at + ref.stored - 1] ^= 0xFF  # the last byte of its seal, in its pack
+    path.write_bytes(bytes(stored))
     (tmp_path / "store" / "manifests" / "j" / "ck-3.json").write_text("{not json")
     code, report = verify(tmp_path / "store")
     assert code == 1 and not report["ok"]
     by_id = {c["checkpoint"]: c for c in report["checkpoints"]}
     assert by_id["ck-1"]["restorable"] and not by_id["ck-2"]["restorable"] and not by_id["ck-3"]["restorable"]
     assert "extra.img" in by_id["ck-2"]["problem"] and "does not open" in by_id["ck-2"]["problem"]
-    assert backend.exists(chunk_key(victim))  # without --repair nothing changes
+    assert list(backend.list("damaged/")) == []  # without --repair nothing changes
 
     code, report = verify(tmp_path / "store", "--repair")
     assert code == 1 and report["quarantined"] == 1 and report["gc_error"]  # ck-3 is unreadable: gc refuses
-    assert not backend.exists(chunk_key(victim))
+    assert backend.exists(damage_key(ref.pack, ref.at)) and backend.exists(f"quarantine/{victim}")
     # the next checkpoint holding those bytes mends ck-2
     store.write_checkpoint(job="j", checkpoint="ck-4", parent="ck-2", src_dir=src)
     (tmp_path / "store" / "manifests" / "j" / "ck-3.json").unlink()
     code, report = verify(tmp_path / "store", "--repair")
     assert code == 0 and report["ok"] and report["gc_error"] is None
+    assert list(backend.list("damaged/")) == [] and list(backend.list("quarantine/")) == []
 
 
 def test_verify_refuses_a_store_that_is_not_there(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from ferry.common.errors import UsageError
 from ferry.store.errors import StoreError
 from ferry.store.leases import GC_KEY, WRITERS_PREFIX, Lease
 from ferry.store.local import LocalBackend
-from ferry.store.manifest import chunk_key, manifest_key
+from ferry.store.manifest import chunk_key, manifest_key, pack_key
 from ferry.store.retention import expired
 from ferry.store.store import CheckpointStore
 from ferry.store.writer import WriteResult
@@ -31,9 +31,10 @@ def _write(store: CheckpointStore, root: Path, checkpoint: str, files: dict[str,
 
 
 def test_gc_deletes_orphans_and_keeps_referenced_chunks(tmp_path: Path) -> None:
+    """Chunks each on its own (a store without packs): shared between checkpoints by their hash."""
     rng = random.Random(1)
     backend = LocalBackend(tmp_path / "store")
-    store = CheckpointStore(backend)
+    store = CheckpointStore(backend, pack_bytes=0)
     shared, only1, only2 = rng.randbytes(2 * MiB), rng.randbytes(MiB), rng.randbytes(MiB)
     c1 = _write(store, tmp_path, "c1", {"a": shared, "b": only1})
     c2 = _write(store, tmp_path, "c2", {"a": shared, "b": only2})
@@ -52,6 +53,56 @@ def test_gc_deletes_orphans_and_keeps_referenced_chunks(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "b").read_bytes() == only2
     assert store.gc().chunks_deleted == 0
     assert list(backend.list("locks/")) == []
+
+
+def _child(store: CheckpointStore, root: Path, checkpoint: str, parent: str, files: dict[str, bytes]) -> WriteResult:
+    src = root / f"src-{checkpoint}"
+    src.mkdir()
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    return store.write_checkpoint(job="j", checkpoint=checkpoint, parent=parent, src_dir=src)
+
+
+def test_gc_deletes_a_pack_once_no_kept_checkpoint_uses_any_chunk_in_it(tmp_path: Path) -> None:
+    rng = random.Random(2)
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend)
+    a1, a3, b = rng.randbytes(2 * MiB), rng.randbytes(2 * MiB), rng.randbytes(MiB // 2)
+    c1 = _write(store, tmp_path, "c1", {"a": a1, "b": b})
+    (first,) = c1.manifest.packs()
+    c2 = _child(store, tmp_path, "c2", "c1", {"a": a1, "b": rng.randbytes(MiB // 2)})
+    assert c2.chunks_new == 1 and first in c2.manifest.packs()  # a's chunks reused where they lie
+    store.delete_checkpoint("j", "c1")
+    assert store.gc().packs_deleted == 0  # c2 still uses most of c1's pack
+    c3 = _child(store, tmp_path, "c3", "c2", {"a": a3, "b": b})
+    assert first not in c3.manifest.packs()
+    store.delete_checkpoint("j", "c2")
+    backend.put(f"damaged/{first}-0", b"")  # a marker goes with its pack
+    result = store.gc()
+    assert (result.packs_deleted, result.packs_kept) == (2, 1)
+    assert result.bytes_freed == 3 * MiB + 4  # c1's a (two chunks) and b, c2's b; stored raw: a header byte each
+    assert not backend.exists(pack_key(first)) and list(backend.list("damaged/")) == []
+    store.restore_files(c3.manifest, tmp_path / "out")
+    assert (tmp_path / "out" / "a").read_bytes() == a3 and (tmp_path / "out" / "b").read_bytes() == b
+
+
+def test_a_chunk_in_a_mostly_unused_pack_is_packed_again_so_old_packs_can_go(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend)
+    a2, b = rng.randbytes(2 * MiB), rng.randbytes(MiB // 2)
+    c1 = _write(store, tmp_path, "c1", {"a": rng.randbytes(2 * MiB), "b": b})
+    c2 = _child(store, tmp_path, "c2", "c1", {"a": a2, "b": b})
+    assert c2.chunks_new == 2  # b reused: c1 used all of its pack
+    # c2 uses a fifth of c1's pack (b): the next checkpoint packs b again instead of keeping that pack
+    c3 = _child(store, tmp_path, "c3", "c2", {"a": a2, "b": b})
+    assert c3.chunks_new == 1 and c3.bytes_new_plain == len(b)
+    assert c3.manifest.packs().isdisjoint(c1.manifest.packs())
+    store.delete_checkpoint("j", "c1")
+    store.delete_checkpoint("j", "c2")
+    assert store.gc().packs_deleted == 1
+    store.restore_files(c3.manifest, tmp_path / "out")
+    assert (tmp_path / "out" / "a").read_bytes() == a2 and (tmp_path / "out" / "b").read_bytes() == b
 
 
 class ChunkDuringListing(LocalBackend):
@@ -153,7 +204,7 @@ def test_retention_keeps_the_newest(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         store.apply_retention("j", -1)
     backend.delete(manifest_key("j", "broken"))
-    assert store.gc().chunks_deleted == 3
+    assert store.gc().packs_deleted == 3  # each checkpoint's one pack
     assert store.apply_retention("j", 0) == ["c3", "c4"]
 
 

@@ -20,7 +20,16 @@ from ferry.store import manifest as manifest_module
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ManifestRefused, RestoreRefused
 from ferry.store.keys import KeyRing, load_keyring, write_private
 from ferry.store.local import LocalBackend
-from ferry.store.manifest import MAX_CHUNKS, chunk_key, decode_manifest, encode_manifest, manifest_key
+from ferry.store.manifest import (
+    MAX_CHUNKS,
+    Manifest,
+    chunk_key,
+    decode_manifest,
+    encode_manifest,
+    manifest_key,
+    pack_key,
+)
+from ferry.store.packs import PACK_BYTES
 from ferry.store.store import CheckpointStore
 
 SECRET = b"sk-live-7f3a9c-THE-SECRET-THE-JOB-HOLDS"
@@ -34,8 +43,15 @@ def _job_images(root: Path, secret: bytes = SECRET, stdout: bytes = b"step 1 los
     return root
 
 
-def _store(tmp_path: Path, ring: KeyRing | None = None) -> CheckpointStore:
-    return CheckpointStore(LocalBackend(tmp_path / "store"), keyring=ring or KeyRing.generate())
+def _store(tmp_path: Path, ring: KeyRing | None = None, pack_bytes: int = PACK_BYTES) -> CheckpointStore:
+    return CheckpointStore(LocalBackend(tmp_path / "store"), keyring=ring or KeyRing.generate(), pack_bytes=pack_bytes)
+
+
+def _stored_chunks(store: CheckpointStore, manifest: Manifest) -> list[bytes]:
+    """Each chunk's stored form, read from its pack (or its own object)."""
+    return [store.backend.get(chunk_key(ref.hash)) if ref.pack is None
+            else store.backend.get_range(pack_key(ref.pack), ref.at, ref.stored)
+            for f in manifest.files for ref in f.chunks]
 
 
 def _stored_objects(root: Path) -> list[bytes]:
@@ -44,16 +60,18 @@ def _stored_objects(root: Path) -> list[bytes]:
 
 def test_no_chunk_holds_the_memory_in_the_clear(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.write_checkpoint(job="j1", tenant="acme", checkpoint="ck-1", parent=None, src_dir=_job_images(tmp_path / "a"))
-    blobs = _stored_objects(tmp_path / "store" / "chunks")
-    assert blobs
+    written = store.write_checkpoint(job="j1", tenant="acme", checkpoint="ck-1", parent=None,
+                                     src_dir=_job_images(tmp_path / "a"))
+    blobs = _stored_chunks(store, written.manifest)
+    assert blobs and not (tmp_path / "store" / "chunks").exists()  # all in packs
+    assert all(SECRET not in pack for pack in _stored_objects(tmp_path / "store" / "packs"))
     for blob in blobs:
         assert SECRET not in blob and b"loss 0.5" not in blob
         with pytest.raises(zstandard.ZstdError):  # nor compressed in the clear
             zstandard.ZstdDecompressor().decompress(blob[1:], max_output_size=1 << 22)
     plain = CheckpointStore(LocalBackend(tmp_path / "plain"))  # the same images without keys: readable
-    plain.write_checkpoint(job="j1", checkpoint="ck-1", parent=None, src_dir=tmp_path / "a")
-    assert any(SECRET in b or SECRET in _unzstd(b) for b in _stored_objects(tmp_path / "plain" / "chunks"))
+    clear = plain.write_checkpoint(job="j1", checkpoint="ck-1", parent=None, src_dir=tmp_path / "a")
+    assert any(SECRET in b or SECRET in _unzstd(b) for b in _stored_chunks(plain, clear.manifest))
 
 
 def _unzstd(blob: bytes) -> bytes:
@@ -128,7 +146,9 @@ def test_another_tenants_manifest_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_chunk_moved_under_another_name_fails_its_seal(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    """Each chunk on its own, where one can be copied over another (a seal is bound to its name
+    whatever the layout; a pack's chunks are sealed the same way)."""
+    store = _store(tmp_path, pack_bytes=0)
     result = store.write_checkpoint(job="j1", tenant="acme", checkpoint="ck-1", parent=None,
                                     src_dir=_job_images(tmp_path / "a"))
     pages, stdout = (f.chunks[0].hash for f in result.manifest.files)

@@ -13,14 +13,14 @@ from ferry.common.errors import ConflictError, UsageError
 from ferry.store.chunking import PAGE_SIZE
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.local import LocalBackend
-from ferry.store.manifest import chunk_key, manifest_key
+from ferry.store.manifest import ChunkRef, chunk_key, manifest_key, pack_key
 from ferry.store.store import CheckpointStore
 
 MiB = 1024 * 1024
 
 
 class Recording(LocalBackend):
-    """A LocalBackend that records puts and can fail the n-th chunk upload."""
+    """A LocalBackend that records puts and can fail the n-th chunk or pack upload."""
 
     def __init__(self, root: Path, fail_chunk_put: int | None = None) -> None:
         super().__init__(root)
@@ -28,7 +28,7 @@ class Recording(LocalBackend):
         self.fail_chunk_put = fail_chunk_put
 
     def put(self, key: str, data: bytes) -> None:
-        if key.startswith("chunks/") and self.fail_chunk_put is not None:
+        if key.startswith(("chunks/", "packs/")) and self.fail_chunk_put is not None:
             self.fail_chunk_put -= 1
             if self.fail_chunk_put < 0:
                 raise StoreError("injected failure")
@@ -186,23 +186,33 @@ def test_second_checkpoint_uploads_only_what_changed(tmp_path: Path) -> None:
     assert (third.chunks_new, third.bytes_uploaded) == (0, 0)
 
 
+def _spoil(backend: LocalBackend, ref: ChunkRef, at: int, data: bytes) -> None:
+    """Overwrites the chunk's stored bytes from offset ``at`` with ``data``, in its pack or object."""
+    path = backend.root / (chunk_key(ref.hash) if ref.pack is None else pack_key(ref.pack))
+    stored = bytearray(path.read_bytes())
+    start = at + ref.at
+    stored[start : start + len(data)] = data
+    path.write_bytes(bytes(stored))
+
+
 def test_corrupt_chunk_fails_its_checkpoint_only(tmp_path: Path) -> None:
     rng = random.Random(4)
     backend = LocalBackend(tmp_path / "store")
     store = CheckpointStore(backend)
     shared = rng.randbytes(2 * MiB)
+    parent = None
     for name, extra in [("ck-a", rng.randbytes(MiB)), ("ck-b", rng.randbytes(MiB))]:
         src = tmp_path / name
         src.mkdir()
         (src / "shared.bin").write_bytes(shared)
         (src / "pages-1.img").write_bytes(extra)
-        store.write_checkpoint(job="j", checkpoint=name, parent=None, src_dir=src)
+        store.write_checkpoint(job="j", checkpoint=name, parent=parent, src_dir=src)
+        parent = name
     a, b = store.read_manifest("j", "ck-a"), store.read_manifest("j", "ck-b")
     (victim,) = a.chunk_hashes() - b.chunk_hashes()
-    path = tmp_path / "store" / chunk_key(victim)
-    data = bytearray(path.read_bytes())
-    data[1000] ^= 0xFF
-    path.write_bytes(data)
+    (ref,) = [r for f in a.files for r in f.chunks if r.hash == victim]
+    assert ref.pack in b.packs()  # b reuses the shared chunks where a's write put them
+    _spoil(backend, ref, 1000, bytes([0xFF ^ backend.get_range(pack_key(ref.pack), ref.at + 1000, 1)[0]]))
 
     with pytest.raises(ChunkCorrupt) as info:
         store.restore_files(a, tmp_path / "out-a")
@@ -213,10 +223,10 @@ def test_corrupt_chunk_fails_its_checkpoint_only(tmp_path: Path) -> None:
     store.restore_files(b, tmp_path / "out-b")
     _same_tree(tmp_path / "ck-b", tmp_path / "out-b")
 
-    path.write_bytes(b"\x09garbage")
+    _spoil(backend, ref, 0, b"\x09garbage")
     with pytest.raises(ChunkCorrupt, match="undecodable"):
         store.restore_files(a, tmp_path / "out-a2")
-    path.unlink(missing_ok=True)  # a damaged chunk is quarantined by the restore that found it
+    backend.delete(pack_key(ref.pack))
     with pytest.raises(ChunkCorrupt, match="missing from the store"):
         store.restore_files(a, tmp_path / "out-a3")
 
@@ -229,15 +239,17 @@ def test_manifest_is_written_last_and_failed_writes_stay_invisible(tmp_path: Pat
     store.write_checkpoint(job="j", checkpoint="c1", parent=None, src_dir=src)
     data_puts = [k for k in backend.puts if not k.startswith("locks/")]
     assert data_puts[-1] == manifest_key("j", "c1")
-    assert all(k.startswith("chunks/") for k in data_puts[:-1])
+    assert len(data_puts) == 2 and data_puts[0].startswith("packs/")  # 4.4 MiB: one pack
     assert list(backend.list("locks/")) == []
 
     failing = Recording(tmp_path / "store2", fail_chunk_put=2)
-    store = CheckpointStore(failing)
+    store = CheckpointStore(failing, pack_bytes=MiB)
     with pytest.raises(StoreError, match="injected failure"):
         store.write_checkpoint(job="j", checkpoint="c1", parent=None, src_dir=src)
     assert store.list_checkpoints("j") == []
     assert list(failing.list("locks/")) == []
+    assert store.gc().packs_deleted == 2  # what it stored before the failure: no manifest names it
+    assert list(failing.list("packs/")) == []
 
 
 def test_read_manifest_errors(tmp_path: Path) -> None:
@@ -269,7 +281,7 @@ def test_bytes_stored_is_what_the_checkpoint_takes_in_the_store_not_what_it_uplo
     (src / "b.bin").write_bytes(b"same" * 100_000)
     store = CheckpointStore(LocalBackend(tmp_path / "store"))
     first = store.write_checkpoint(job="j", checkpoint="c1", parent=None, src_dir=src)
-    chunks = sum(p.stat().st_size for p in (tmp_path / "store" / "chunks").rglob("*") if p.is_file())
+    chunks = sum(p.stat().st_size for p in (tmp_path / "store" / "packs").rglob("*") if p.is_file())
     assert first.bytes_stored == first.bytes_uploaded == chunks
     second = store.write_checkpoint(job="j", checkpoint="c2", parent="c1", src_dir=src)
     assert second.bytes_uploaded == 0 and second.bytes_stored == first.bytes_stored

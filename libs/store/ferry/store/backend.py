@@ -22,6 +22,10 @@ class Backend(Protocol):
     def get(self, key: str) -> bytes:
         """Return the object under ``key``; raise ObjectNotFound when there is none."""
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """At most ``length`` bytes of the object under ``key`` from ``offset`` (fewer past its
+        end); raise ObjectNotFound when there is none."""
+
     def exists(self, key: str) -> bool:
         """Whether an object is stored under ``key``."""
 

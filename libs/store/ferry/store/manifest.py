@@ -17,7 +17,16 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ferry.common.errors import UsageError
 from ferry.store.errors import ManifestCorrupt, ManifestRefused
@@ -31,6 +40,8 @@ MAX_MANIFEST_BYTES = 512 << 20
 DEFAULT_TENANT = "default"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _HASH = r"^[0-9a-f]{64}$"
+_PACK = r"^[0-9a-f]{32}$"
+MAX_STORED_CHUNK = MAX_CHUNK_SIZE + 65536  # a header and a seal: a few bytes (kept raw when zstd would not shrink it)
 
 
 def check_id(value: str, what: str = "id") -> str:
@@ -56,13 +67,47 @@ def chunk_key(h: str) -> str:
     return f"chunks/{h}"
 
 
+def pack_key(name: str) -> str:
+    return f"packs/{name}"
+
+
+_PACKED = ("pack", "at", "stored")
+
+
 class ChunkRef(BaseModel):
-    """One chunk: sha256 (hex) of its plain bytes and their number."""
+    """One chunk: sha256 (hex) of its plain bytes and their number; where it is stored: its own
+    object ``chunks/<hash>`` (``pack`` None), or ``stored`` bytes at offset ``at`` of the pack
+    ``packs/<pack>`` (``ferry.store.packs``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hash: str = Field(pattern=_HASH)
     size: int = Field(gt=0, le=MAX_CHUNK_SIZE)
+    pack: str | None = Field(default=None, pattern=_PACK)
+    at: int = Field(default=0, ge=0)
+    stored: int = Field(default=0, ge=0, le=MAX_STORED_CHUNK)
+
+    @model_validator(mode="after")
+    def _placed(self) -> ChunkRef:
+        if self.pack is None and (self.at or self.stored):
+            raise ValueError("a chunk stored on its own has no offset or stored size")
+        if self.pack is not None and not self.stored:
+            raise ValueError("a packed chunk needs its stored size")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_place(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A chunk stored on its own is written as before packs: its hash and size only."""
+        body: dict[str, Any] = handler(self)
+        if self.pack is None:
+            for name in _PACKED:
+                body.pop(name, None)
+        return body
+
+    @property
+    def where(self) -> tuple[str, str | None, int]:
+        """What tells two stored copies apart: the hash, and the pack and offset of a packed one."""
+        return self.hash, self.pack, self.at
 
 
 class FileEntry(BaseModel):
@@ -139,6 +184,10 @@ class Manifest(BaseModel):
     def chunk_hashes(self) -> set[str]:
         """Every chunk hash the checkpoint needs."""
         return {c.hash for f in self.files for c in f.chunks}
+
+    def packs(self) -> set[str]:
+        """Every pack a chunk of the checkpoint lies in."""
+        return {c.pack for f in self.files for c in f.chunks if c.pack is not None}
 
 
 def _canonical(obj: Any) -> bytes:

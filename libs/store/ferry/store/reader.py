@@ -18,7 +18,8 @@ from ferry.store.backend import Backend
 from ferry.store.chunkform import ChunkForm
 from ferry.store.codec import UndecodableChunk
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ObjectNotFound, RestoreRefused, StoreError
-from ferry.store.manifest import Manifest, chunk_key
+from ferry.store.manifest import ChunkRef, Manifest, chunk_key, pack_key
+from ferry.store.packs import damage_key
 from ferry.store.parallel import Progress, run_all
 
 BATCH_BYTES = 8 * 1024 * 1024
@@ -40,32 +41,41 @@ def _write_at(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
-def fetch_chunk(backend: Backend, form: ChunkForm, digest: str, size: int
-                ) -> tuple[memoryview | None, str | None, bytes]:
-    """A chunk read back and verified: (its plain bytes, None, the stored bytes) when whole, else
-    (None, why: "missing from the store", "undecodable: ..." or "hash mismatch", the stored bytes,
-    empty when missing). The store's other errors (unreachable, say) are raised."""
+def fetch_chunk(backend: Backend, form: ChunkForm, ref: ChunkRef) -> tuple[memoryview | None, str | None, bytes]:
+    """The chunk ``ref`` read back and verified: (its plain bytes, None, the stored bytes) when
+    whole, else (None, why: "missing from the store", "undecodable: ..." or "hash mismatch", the
+    stored bytes, empty when missing). The store's other errors (unreachable, say) are raised."""
     try:
-        stored = backend.get(chunk_key(digest))
+        if ref.pack is None:
+            stored = backend.get(chunk_key(ref.hash))
+        else:
+            stored = backend.get_range(pack_key(ref.pack), ref.at, ref.stored)
     except ObjectNotFound:
         return None, "missing from the store", b""
+    if ref.pack is not None and len(stored) != ref.stored:
+        return None, f"cut short: {len(stored)} of its {ref.stored} bytes are in its pack", stored
     try:
-        plain = form.decode(digest, stored, size)
+        plain = form.decode(ref.hash, stored, ref.size)
     except UndecodableChunk as exc:
         return None, "hash mismatch" if str(exc) == "hash mismatch" else f"undecodable: {exc}", stored
     return plain, None, stored
 
 
-def quarantine(backend: Backend, digest: str, stored: bytes) -> None:
-    """Moves a damaged chunk out of the way (kept under ``quarantine/`` for a look): the next
-    checkpoint that holds those bytes uploads them again, which mends every checkpoint using it."""
+def quarantine(backend: Backend, ref: ChunkRef, stored: bytes) -> None:
+    """Sets a damaged chunk aside (a copy kept under ``quarantine/`` for a look) so that the next
+    checkpoint that holds those bytes stores them again, which mends every checkpoint after it: a
+    chunk of its own is moved there; a packed one gets a damage marker (``ferry.store.packs``)."""
+    digest = ref.hash
     try:
         backend.put(f"quarantine/{digest}", stored)
-        backend.delete(chunk_key(digest))
+        if ref.pack is None:
+            backend.delete(chunk_key(digest))
+        else:
+            backend.put(damage_key(ref.pack, ref.at), b"")
     except StoreError as exc:
         log.warning("could not quarantine damaged chunk %s…: %s", digest[:12], exc)
     else:
-        log.warning("damaged chunk %s… moved to quarantine/", digest[:12])
+        log.warning("damaged chunk %s… set aside under quarantine/", digest[:12])
 
 
 class _Placer:
@@ -78,21 +88,21 @@ class _Placer:
         manifest: Manifest,
         targets: list[Path],
         places: dict[str, list[tuple[int, int]]],
-        sizes: dict[str, int],
+        refs: dict[str, ChunkRef],
         progress: Progress,
     ) -> None:
         self.backend, self.form, self.manifest = backend, form, manifest
-        self.targets, self.places, self.sizes, self.progress = targets, places, sizes, progress
+        self.targets, self.places, self.refs, self.progress = targets, places, refs, progress
 
     def _corrupt(self, digest: str, reason: str) -> ChunkCorrupt:
         path = self.manifest.files[self.places[digest][0][0]].path
         return ChunkCorrupt(self.manifest.checkpoint, digest, path, reason)
 
     def _plain(self, digest: str) -> memoryview:
-        plain, problem, stored = fetch_chunk(self.backend, self.form, digest, self.sizes[digest])
+        plain, problem, stored = fetch_chunk(self.backend, self.form, self.refs[digest])
         if plain is None:
             if stored:  # there, but damaged
-                quarantine(self.backend, digest, stored)
+                quarantine(self.backend, self.refs[digest], stored)
             raise self._corrupt(digest, problem or "unreadable")
         return plain
 
@@ -146,11 +156,11 @@ def restore_files(
     """See CheckpointStore.restore_files."""
     check_room(manifest, Path(dest_dir), max_bytes=max_bytes, reserve=reserve)
     places: dict[str, list[tuple[int, int]]] = {}
-    sizes: dict[str, int] = {}
+    refs: dict[str, ChunkRef] = {}  # one stored copy per distinct chunk
     for index, entry in enumerate(manifest.files):
         offset = 0
         for ref in entry.chunks:
-            if sizes.setdefault(ref.hash, ref.size) != ref.size:
+            if refs.setdefault(ref.hash, ref).size != ref.size:
                 raise ManifestCorrupt(manifest.checkpoint, f"chunk {ref.hash[:12]}… appears with two sizes")
             places.setdefault(ref.hash, []).append((index, offset))
             offset += ref.size
@@ -162,7 +172,7 @@ def restore_files(
             _create(target, entry.size)
     except OSError as exc:
         raise StoreError(f"cannot create the restored files in {dest}: {exc}") from exc
-    placer = _Placer(backend, form, manifest, targets, places, sizes, Progress(progress, manifest.bytes_logical))
+    placer = _Placer(backend, form, manifest, targets, places, refs, Progress(progress, manifest.bytes_logical))
     groups: list[list[str]] = [[]]
     size = 0
     for digest in places:
@@ -170,7 +180,7 @@ def restore_files(
             groups.append([])
             size = 0
         groups[-1].append(digest)
-        size += sizes[digest] * len(places[digest])
+        size += refs[digest].size * len(places[digest])
     run_all([partial(placer, group) for group in groups if group], workers)
     try:
         for target, entry in zip(targets, manifest.files, strict=True):

@@ -1,8 +1,12 @@
 """The checkpoint store: content-addressed chunks plus one manifest per checkpoint.
 
-    chunks/<name>                           with keys: the tenant's HMAC-SHA256 of the plain bytes;
-                                            header byte 2 + AES-256-GCM of (header 0 raw | 1 zstd +
-                                            payload). Without keys: sha256, header 0 or 1 + payload
+    packs/<name>                            many chunks' stored forms, each one: with keys, header
+                                            byte 2 + AES-256-GCM of (header 0 raw | 1 zstd + payload)
+                                            under the tenant's HMAC-SHA256 name of its plain bytes;
+                                            without keys, header 0 or 1 + payload, named by sha256
+                                            (``ferry.store.packs``; ``pack_bytes=0``: each chunk on
+                                            its own as chunks/<name>, as stores before packs hold)
+    damaged/<pack>-<offset>                 a packed chunk found damaged: never reused
     manifests/<job>/<checkpoint>.json       canonical JSON with a digest and, with keys, the
                                             tenant's signature; written last
     locks/...                               leases between writers and gc (see ``leases``)
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,9 @@ from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.gc import GcResult, collect_garbage
 from ferry.store.keys import KeyRing
 from ferry.store.leases import DEFAULT_TTL, Leases
-from ferry.store.manifest import DEFAULT_TENANT, Manifest, check_id, decode_manifest, manifest_key
+from ferry.store.manifest import DEFAULT_TENANT, ChunkRef, Manifest, check_id, decode_manifest, manifest_key, pack_key
+from ferry.store.packs import DAMAGED, PACK_BYTES, parse_damage_key, reusable_refs
+from ferry.store.parallel import run_all
 from ferry.store.reader import restore_files
 from ferry.store.retention import expired
 from ferry.store.verified import DEFAULT_TTL as VERIFY_TTL
@@ -49,7 +56,8 @@ class CheckpointStore:
     wait at most ``gc_wait`` seconds for a running gc; ``lease_ttl`` is when a lease left by a
     crashed writer or gc stops counting; a job's chunks verified whole are trusted by its next
     checkpoint for ``verify_ttl`` seconds; CRIU pages images are cut in ``page_chunk``-byte windows of
-    their virtual addresses (``ferry.store.chunking``). With ``keyring`` (what Ferry's services always pass),
+    their virtual addresses (``ferry.store.chunking``); new chunks go into packs of about ``pack_bytes``
+    (``ferry.store.packs``; 0: each on its own, as before packs). With ``keyring`` (what Ferry's services always pass),
     chunks are sealed per tenant and manifests signed; without, they are plain (tools and tests).
     """
 
@@ -64,12 +72,16 @@ class CheckpointStore:
         verify_ttl: float = VERIFY_TTL,
         keyring: KeyRing | None = None,
         page_chunk: int = PAGE_CHUNK,
+        pack_bytes: int = PACK_BYTES,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, got {workers}")
         if page_chunk < PAGE_SIZE or page_chunk % PAGE_SIZE:
             raise UsageError(f"page_chunk must be a multiple of {PAGE_SIZE} bytes, got {page_chunk}")
+        if pack_bytes < 0:
+            raise UsageError(f"pack_bytes must be 0 (each chunk on its own) or more, got {pack_bytes}")
         self.page_chunk = page_chunk
+        self.pack_bytes = pack_bytes
         self.backend = backend
         self.workers = workers
         self.gc_wait = gc_wait
@@ -132,7 +144,28 @@ class CheckpointStore:
             verified=self._verified,
             verify_all=verify_all,
             progress=progress,
+            pack_bytes=self.pack_bytes,
+            reusable=partial(self._reusable, job, tenant, parent),
         )
+
+    def _reusable(self, job: str, tenant: str, parent: str | None
+                  ) -> tuple[dict[str, ChunkRef], set[tuple[str, int]]]:
+        """The chunks of ``parent`` a new checkpoint of ``job`` may point at (``packs.reusable_refs``),
+        none when there is no readable parent (then every chunk is packed anew); and the places
+        marked damaged."""
+        if parent is None:
+            return {}, set()
+        try:
+            manifest = self.read_manifest(job, parent, tenant)
+        except (ObjectNotFound, ManifestCorrupt) as exc:  # refused too: a subclass
+            log.warning("checkpoint of %s: its parent %s is unreadable (%s); every chunk is stored anew", job,
+                        parent, exc)
+            return {}, set()
+        packs = sorted(manifest.packs())  # each asked for: one deleted behind the store's back is not reused
+        stat = [partial(self.backend.stored_size, pack_key(p)) for p in packs]
+        sizes = dict(zip(packs, run_all(stat, self.workers), strict=True))
+        damaged = {found for key in self.backend.list(DAMAGED) if (found := parse_damage_key(key))}
+        return reusable_refs(manifest, sizes), damaged
 
     def read_manifest(self, job: str, checkpoint: str, tenant: str | None = None) -> Manifest:
         """The verified manifest; ObjectNotFound if there is none, ManifestCorrupt if it is bad,
@@ -204,7 +237,7 @@ class CheckpointStore:
                               keyring=self.keyring, progress=progress)
         if repair:
             try:
-                report.orphans_deleted = self.gc().chunks_deleted
+                report.orphans_deleted = self.gc().objects_deleted
             except StoreError as exc:  # an unreadable manifest stops gc: its chunks are unknown
                 report.gc_error = str(exc)
         return report

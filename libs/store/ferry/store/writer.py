@@ -1,5 +1,5 @@
-"""Writing a checkpoint: cut its files into chunks, hash them, upload what the store lacks, then
-commit the manifest.
+"""Writing a checkpoint: cut its files into chunks, hash them, upload what the store lacks (into
+packs, ``ferry.store.packs``, or each chunk on its own), then commit the manifest.
 
 Files are memory-mapped batch by batch and named in place (sha256, or a tenant's keyed hash);
 only chunks that must be uploaded are copied (into their stored form, sealed with a store's keys).
@@ -15,7 +15,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from ferry.store.manifest import (
     encode_manifest,
     manifest_key,
 )
+from ferry.store.packs import Packer, damage_key, patch_pack
 from ferry.store.parallel import Progress, run_all
 from ferry.store.reader import fetch_chunk
 from ferry.store.sources import SourceFile, plan_sources
@@ -62,52 +63,104 @@ class WriteResult(BaseModel):
 
 
 class _Uploads:
-    """Uploads each chunk the store lacks, or holds damaged, once per write, and counts it."""
+    """Decides, once per distinct chunk of a write, where it is stored: reused where the store
+    already holds it whole, else uploaded (into a pack with a ``packer``, on its own without), and
+    counts it. A chunk's ``ChunkRef`` says where it lies."""
 
     def __init__(self, backend: Backend, form: ChunkForm, verified: VerifiedChunks, job: str,
-                 verify_all: bool) -> None:
+                 verify_all: bool, packer: Packer | None = None,
+                 reusable: tuple[Mapping[str, ChunkRef], Collection[tuple[str, int]]] | None = None) -> None:
         self._backend, self._form, self._verified = backend, form, verified
         self._job, self._verify_all = job, verify_all
-        self._seen: set[str] = set()
+        self._packer = packer
+        self._reusable, self._damaged = reusable or ({}, frozenset())
+        self._patching = threading.Lock()  # one repair of a pack at a time: each stores it whole
+        self._refs: dict[str, ChunkRef] = {}
+        self._pending: dict[str, threading.Event] = {}  # placed by another thread right now
         self._lock = threading.Lock()
         self.chunks_new = self.bytes_uploaded = self.bytes_new_plain = self.chunks_repaired = 0
         self.bytes_stored = 0  # every distinct chunk the checkpoint uses, as stored (compressed)
 
-    def offer(self, digest: str, plain: memoryview) -> None:
+    def offer(self, digest: str, plain: memoryview) -> ChunkRef:
         with self._lock:
-            if digest in self._seen:
-                return
-            self._seen.add(digest)
+            ref = self._refs.get(digest)
+            if ref is not None:
+                return ref
+            waiting = self._pending.get(digest)
+            if waiting is None:
+                self._pending[digest] = threading.Event()
+        if waiting is not None:
+            waiting.wait()
+            with self._lock:
+                ref = self._refs.get(digest)
+            if ref is None:  # the thread that placed it failed, and so does the write
+                raise StoreError(f"chunk {digest[:12]}… could not be stored")
+            return ref
         try:
-            key = chunk_key(digest)
-            repaired = False
-            size = self._backend.stored_size(key)
+            ref = self._place(digest, plain)
+            with self._lock:
+                self._refs[digest] = ref
+        finally:
+            with self._lock:
+                done = self._pending.pop(digest)
+            done.set()
+        return ref
+
+    def _place(self, digest: str, plain: memoryview) -> ChunkRef:
+        old = self._reusable.get(digest) if self._packer is not None else None
+        repaired = False
+        if self._packer is None or (old is not None and old.pack is None):
+            size = self._backend.stored_size(chunk_key(digest))  # on its own (a store from before packs)
             if size is not None:
-                trusted = not self._verify_all and self._verified.trusted(self._job, digest)
-                if trusted or self._stored_whole(digest, len(plain)):
-                    self._verified.mark(self._job, digest)
-                    with self._lock:
-                        self.bytes_stored += size
-                    return
+                if self._trusted(digest) or self._whole(ChunkRef.model_construct(hash=digest, size=len(plain))):
+                    return self._reused(ChunkRef.model_construct(hash=digest, size=len(plain)), size)
                 log.warning("chunk %s… in the store is damaged: uploading it again", digest[:12])
                 repaired = True
+        elif old is not None:
+            damaged = (old.pack, old.at) in self._damaged
+            if not damaged and (self._trusted(digest) or self._whole(old)):
+                return self._reused(old, old.stored)
             stored = self._form.encode(digest, plain)
-            self._backend.put(key, stored)
-            self._verified.mark(self._job, digest)
-        except BaseException:
-            with self._lock:
-                self._seen.discard(digest)
-            raise
+            with self._patching:
+                patched = patch_pack(self._backend, old, stored)
+            if patched:  # mended where it lies: every checkpoint using that place is whole again
+                log.warning("chunk %s… in pack %s… was damaged: written again in place", digest[:12], old.pack)
+                self._count(len(plain), len(stored), repaired=True)
+                return self._reused(old, 0)
+            log.warning("chunk %s… in pack %s… is damaged: packing it again", digest[:12], old.pack)
+            self._backend.put(damage_key(old.pack or "", old.at), b"")  # so no later checkpoint reuses it
+            repaired = True
+        stored = self._form.encode(digest, plain)
+        if self._packer is None:
+            self._backend.put(chunk_key(digest), stored)
+            ref = ChunkRef.model_construct(hash=digest, size=len(plain))
+        else:
+            pack, at = self._packer.add(stored)
+            ref = ChunkRef.model_construct(hash=digest, size=len(plain), pack=pack, at=at, stored=len(stored))
+        self._verified.mark(self._job, digest)
+        self._count(len(plain), len(stored), repaired)
+        return ref
+
+    def _count(self, plain: int, stored: int, repaired: bool) -> None:
         with self._lock:
             self.chunks_new += 1
             self.chunks_repaired += repaired
-            self.bytes_uploaded += len(stored)
-            self.bytes_stored += len(stored)
-            self.bytes_new_plain += len(plain)
+            self.bytes_uploaded += stored
+            self.bytes_stored += stored
+            self.bytes_new_plain += plain
 
-    def _stored_whole(self, digest: str, size: int) -> bool:
+    def _trusted(self, digest: str) -> bool:
+        return not self._verify_all and self._verified.trusted(self._job, digest)
+
+    def _whole(self, ref: ChunkRef) -> bool:
         """Whether the stored copy decodes to bytes with this hash (a damaged one is replaced)."""
-        return fetch_chunk(self._backend, self._form, digest, size)[1] is None
+        return fetch_chunk(self._backend, self._form, ref)[1] is None
+
+    def _reused(self, ref: ChunkRef, stored_size: int) -> ChunkRef:
+        self._verified.mark(self._job, ref.hash)
+        with self._lock:
+            self.bytes_stored += stored_size
+        return ref
 
 
 def _batches(source: SourceFile) -> list[tuple[int, int]]:
@@ -140,9 +193,7 @@ def _chunk_batch(source: SourceFile, first: int, end: int, form: ChunkForm, uplo
         with memoryview(mm) as view:
             for off, n in spans:
                 with view[off - base : off - base + n] as piece:
-                    digest = form.name(piece)
-                    uploads.offer(digest, piece)
-                refs.append(ChunkRef.model_construct(hash=digest, size=n))
+                    refs.append(uploads.offer(form.name(piece), piece))
                 progress.add(n)
     finally:
         mm.close()
@@ -168,6 +219,8 @@ def write_checkpoint(
     verified: VerifiedChunks,
     verify_all: bool,
     progress: Callable[[int, int], None] | None,
+    pack_bytes: int = 0,
+    reusable: Callable[[], tuple[Mapping[str, ChunkRef], Collection[tuple[str, int]]]] | None = None,
 ) -> WriteResult:
     """See CheckpointStore.write_checkpoint."""
     started = time.monotonic()
@@ -183,7 +236,9 @@ def write_checkpoint(
     with leases.writing(gc_wait):
         if backend.exists(key):
             raise ConflictError(f"checkpoint {checkpoint} of job {job} already exists; use a new checkpoint id")
-        uploads = _Uploads(backend, form, verified, job, verify_all)
+        packer = Packer(backend, pack_bytes) if pack_bytes else None
+        uploads = _Uploads(backend, form, verified, job, verify_all, packer,
+                           reusable() if packer is not None and reusable is not None else None)
         tasks: list[Callable[[], list[ChunkRef]]] = []
         owners: list[int] = []
         for index, source in enumerate(sources):
@@ -193,6 +248,8 @@ def write_checkpoint(
         chunks: list[list[ChunkRef]] = [[] for _ in sources]
         for index, refs in zip(owners, run_all(tasks, workers), strict=True):
             chunks[index].extend(refs)
+        if packer is not None:
+            packer.flush()  # every pack stored before the manifest that names it
         manifest = Manifest(
             job=job,
             checkpoint=checkpoint,
