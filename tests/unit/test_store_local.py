@@ -121,3 +121,27 @@ def test_a_write_on_a_read_only_disk_fails_as_the_store_s_error(tmp_path: Path,
     monkeypatch.setattr(Path, "unlink", read_only)
     with pytest.raises(BackendUnavailable, match=r"cannot write chunks/ab: Read-only file system"):
         backend.put("chunks/ab", b"data")
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_an_object_written_piece_by_piece_appears_whole_on_commit_and_not_at_all_on_abort(tmp_path: Path,
+                                                                                       fsync: bool) -> None:
+    backend = LocalBackend(tmp_path, fsync=fsync)
+    writer = backend.writer("packs/p1")
+    writer.write(b"abc")
+    writer.write(b"defg")
+    assert not backend.exists("packs/p1") and list(backend.list("packs/")) == []  # nothing until the commit
+    writer.commit()
+    assert backend.get("packs/p1") == b"abcdefg" and backend.get_range("packs/p1", 2, 3) == b"cde"
+    assert backend.get_range("packs/p1", 5, 10) == b"fg" and backend.get_range("packs/p1", 7, 1) == b""
+    assert os.stat(tmp_path / "packs" / "p1").st_mode & 0o777 == 0o600
+    dropped = backend.writer("packs/p2")
+    dropped.write(b"x" * 100)
+    dropped.abort()
+    dropped.abort()
+    assert sorted(p.name for p in (tmp_path / "packs").iterdir()) == ["p1"]  # no temporary file left
+    empty = backend.writer("packs/p3")
+    empty.commit()
+    assert backend.get("packs/p3") == b""
+    with pytest.raises(ObjectNotFound):
+        backend.get_range("packs/none", 0, 1)

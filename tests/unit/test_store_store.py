@@ -28,12 +28,28 @@ class Recording(LocalBackend):
         self.fail_chunk_put = fail_chunk_put
 
     def put(self, key: str, data: bytes) -> None:
+        self._stored(key)
+        super().put(key, data)
+
+    def writer(self, key: str) -> Any:  # packs are written as they come, stored at commit
+        inner = super().writer(key)
+        outer = self
+
+        class Recorded:
+            write, abort = inner.write, inner.abort
+
+            def commit(self) -> None:
+                outer._stored(key)
+                inner.commit()
+
+        return Recorded()
+
+    def _stored(self, key: str) -> None:
         if key.startswith(("chunks/", "packs/")) and self.fail_chunk_put is not None:
             self.fail_chunk_put -= 1
             if self.fail_chunk_put < 0:
                 raise StoreError("injected failure")
         self.puts.append(key)
-        super().put(key, data)
 
 
 def _pages(rng: random.Random, mappings: list[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]]:
@@ -250,6 +266,8 @@ def test_manifest_is_written_last_and_failed_writes_stay_invisible(tmp_path: Pat
     assert list(failing.list("locks/")) == []
     assert store.gc().packs_deleted == 2  # what it stored before the failure: no manifest names it
     assert list(failing.list("packs/")) == []
+    leftover = [p.name for p in (tmp_path / "store2").rglob("*") if p.is_file() and "packs" in p.parts]
+    assert leftover == []  # nor the temporary file of the pack it was writing
 
 
 def test_read_manifest_errors(tmp_path: Path) -> None:

@@ -42,6 +42,50 @@ class Backend(Protocol):
         """One line naming the backend for logs and errors (never a secret)."""
 
 
+class ObjectWriter(Protocol):
+    """An object written piece by piece: readers see nothing until ``commit``, then all of it."""
+
+    def write(self, data: bytes) -> None:
+        """Appends ``data``."""
+
+    def commit(self) -> None:
+        """Stores what was written under the key, atomically (as ``Backend.put``)."""
+
+    def abort(self) -> None:
+        """Drops what was written; nothing is stored. Safe after a failure, and more than once."""
+
+
+class BufferedWriter:
+    """An ObjectWriter for any backend: the pieces are kept (not copied) and put as one object."""
+
+    def __init__(self, backend: Backend, key: str) -> None:
+        self._backend, self._key = backend, key
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def commit(self) -> None:
+        self._backend.put(self._key, b"".join(self._parts))
+        self._parts = []
+
+    def abort(self) -> None:
+        self._parts = []
+
+
+@runtime_checkable
+class StreamingWrites(Protocol):
+    """Optional: a backend that writes an object as it comes (a local file), without holding it."""
+
+    def writer(self, key: str) -> ObjectWriter:
+        """A writer for a new object under ``key``."""
+
+
+def object_writer(backend: Backend, key: str) -> ObjectWriter:
+    """The backend's own writer for ``key`` where it has one, else one that puts the pieces at once."""
+    return backend.writer(key) if isinstance(backend, StreamingWrites) else BufferedWriter(backend, key)
+
+
 @runtime_checkable
 class SizedListing(Protocol):
     """Optional: a backend that can list keys with their stored sizes in one pass (used by gc)."""

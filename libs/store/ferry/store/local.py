@@ -75,6 +75,17 @@ class LocalBackend:
                 tmp.unlink(missing_ok=True)
             raise self._fail("write", key, exc) from exc
 
+    def writer(self, key: str) -> _FileWriter:
+        """A temporary file in the key's folder, renamed over the key on commit (as ``put``)."""
+        path = self._path(key)
+        if path.parent not in self._dirs:
+            try:
+                self._mkdirs(path.parent)
+            except OSError as exc:
+                raise self._fail("write", key, exc) from exc
+            self._dirs.add(path.parent)
+        return _FileWriter(self, key, path)
+
     def _mkdirs(self, folder: Path) -> None:
         """``folder`` and the missing ones above it up to the root's parent, each 0700."""
         missing = []
@@ -170,3 +181,52 @@ class LocalBackend:
                     yield f"{rel}{entry.name}", entry.stat(follow_symlinks=False).st_size if sizes else 0
                 except FileNotFoundError:  # deleted while listing
                     continue
+
+
+class _FileWriter:
+    """LocalBackend's ObjectWriter: each piece goes to the file as it comes."""
+
+    def __init__(self, backend: LocalBackend, key: str, path: Path) -> None:
+        self._backend, self._key, self._path = backend, key, path
+        self._tmp = path.parent / f"{_TMP}{path.name}.{uuid.uuid4().hex}"
+        self._fd: int | None = None
+
+    def write(self, data: bytes) -> None:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                os.fchmod(self._fd, 0o600)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self.abort()
+            raise self._backend._fail("write", self._key, exc) from exc
+
+    def commit(self) -> None:
+        try:
+            if self._fd is None:  # nothing written: an empty object
+                self.write(b"")
+            assert self._fd is not None
+            if self._backend._fsync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            os.replace(self._tmp, self._path)
+            if self._backend._fsync:
+                dfd = os.open(self._path.parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as exc:
+            self.abort()
+            raise self._backend._fail("write", self._key, exc) from exc
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        with contextlib.suppress(OSError):
+            self._tmp.unlink(missing_ok=True)

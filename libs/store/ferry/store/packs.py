@@ -25,7 +25,7 @@ import threading
 import uuid
 from collections.abc import Mapping
 
-from ferry.store.backend import Backend
+from ferry.store.backend import Backend, ObjectWriter, object_writer
 from ferry.store.errors import ObjectNotFound
 from ferry.store.manifest import ChunkRef, Manifest, pack_key
 
@@ -95,37 +95,59 @@ def patch_pack(backend: Backend, ref: ChunkRef, stored: bytes) -> bool:
 
 
 class Packer:
-    """Appends stored chunks to packs of about ``pack_bytes`` each and stores a pack once it is
-    full (``flush`` stores the last one); thread-safe. A chunk's place is given at once, its pack
-    stored later: the caller writes no manifest before ``flush`` returned."""
+    """Appends stored chunks to packs of about ``pack_bytes`` each, written as they come
+    (``backend.object_writer``: a local pack goes straight to its file), and stores a pack once it
+    is full; ``flush`` stores the last one, ``abort`` drops what is not stored. Thread-safe. A
+    chunk's place is given at once, its pack stored later: no manifest goes before ``flush``."""
 
     def __init__(self, backend: Backend, pack_bytes: int = PACK_BYTES) -> None:
         self._backend, self._pack_bytes = backend, pack_bytes
         self._lock = threading.Lock()
-        self._name, self._buf = new_pack_name(), bytearray()
+        self._open: _OpenPack | None = None
+        self._closing: list[_OpenPack] = []  # full, being stored by another thread
         self.sizes: dict[str, int] = {}  # the packs stored so far
 
     def add(self, stored: bytes) -> tuple[str, int]:
         """Where ``stored`` goes: (pack name, offset)."""
         with self._lock:
-            name, at = self._name, len(self._buf)
-            self._buf += stored
-            full = None
-            if len(self._buf) >= self._pack_bytes:
-                full = name, bytes(self._buf)
-                self._name, self._buf = new_pack_name(), bytearray()
-        if full is not None:
-            self._store(*full)
-        return name, at
+            if self._open is None:
+                name = new_pack_name()
+                self._open = _OpenPack(name, object_writer(self._backend, pack_key(name)))
+            pack = self._open
+            at = pack.size
+            pack.writer.write(stored)
+            pack.size += len(stored)
+            full = pack.size >= self._pack_bytes
+            if full:
+                self._open = None
+                self._closing.append(pack)
+        if full:
+            self._store(pack)
+        return pack.name, at
 
     def flush(self) -> None:
         with self._lock:
-            full = (self._name, bytes(self._buf)) if self._buf else None
-            self._name, self._buf = new_pack_name(), bytearray()
-        if full is not None:
-            self._store(*full)
+            pack, self._open = self._open, None
+            if pack is not None:
+                self._closing.append(pack)
+        if pack is not None:
+            self._store(pack)
 
-    def _store(self, name: str, data: bytes) -> None:
-        self._backend.put(pack_key(name), data)
+    def abort(self) -> None:
         with self._lock:
-            self.sizes[name] = len(data)
+            doomed = [p for p in [self._open, *self._closing] if p is not None]
+            self._open, self._closing = None, []
+        for pack in doomed:
+            pack.writer.abort()
+
+    def _store(self, pack: _OpenPack) -> None:
+        pack.writer.commit()
+        with self._lock:
+            if pack in self._closing:
+                self._closing.remove(pack)
+            self.sizes[pack.name] = pack.size
+
+
+class _OpenPack:
+    def __init__(self, name: str, writer: ObjectWriter) -> None:
+        self.name, self.writer, self.size = name, writer, 0

@@ -246,10 +246,15 @@ def write_checkpoint(
                 tasks.append(partial(_chunk_batch, source, first, end, form, uploads, tracker))
                 owners.append(index)
         chunks: list[list[ChunkRef]] = [[] for _ in sources]
-        for index, refs in zip(owners, run_all(tasks, workers), strict=True):
-            chunks[index].extend(refs)
-        if packer is not None:
-            packer.flush()  # every pack stored before the manifest that names it
+        try:
+            for index, refs in zip(owners, run_all(tasks, workers), strict=True):
+                chunks[index].extend(refs)
+            if packer is not None:
+                packer.flush()  # every pack stored before the manifest that names it
+        except BaseException:
+            if packer is not None:
+                packer.abort()  # a pack not yet stored leaves nothing behind
+            raise
         manifest = Manifest(
             job=job,
             checkpoint=checkpoint,
