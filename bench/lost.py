@@ -95,6 +95,11 @@ MOVE_FIGURES = ("mode", "rounds", "round_freeze_ms", "freeze_ms", "downtime_ms",
 """What each Ferry move's JSON says of where its time went, kept with the sample (``--json``)."""
 
 
+CHECKPOINT_FIGURES = ("freeze_ms", "dump_ms", "upload_ms", "total_ms", "bytes_uploaded", "final")
+"""What the record of the move's checkpoint says of where its time went (a live move's holds its
+final images, without the memory)."""
+
+
 class LostBench(Bench):
     """bench/migrate.py's mover (its naive stop-and-copy, its processes and cluster to clean up),
     moving the workloads here and measuring what the moves cost them."""
@@ -139,8 +144,11 @@ class LostBench(Bench):
                 raise BenchError(f"timed out waiting for {AFTER} lines of {tag} after its move")
             await asyncio.sleep(0.5)
         got = lost_against_unmoved(lines(await stderr()), moved_at)
+        records = await c.json("checkpoints", tag)  # the move's own checkpoint is the newest
+        newest = max(records, key=lambda r: r["created"]) if isinstance(records, list) and records else {}
         await c.cli("kill", tag, "--grace", "1s")
         return {**got, "move": {k: report.get(k) for k in MOVE_FIGURES}, "move_s": back_at - moved_at,
+                "checkpoint": {k: newest.get(k) for k in CHECKPOINT_FIGURES},
                 "ferry_lost_s": report.get("lost_s"), "ferry_lost_basis": report.get("lost_basis"),
                 "downtime_ms": report.get("downtime_ms")}
 

@@ -25,10 +25,15 @@ class UndecodableChunk(StoreError):
     """Stored bytes that do not decode to a chunk of the expected size."""
 
 
+ZSTD_LEVEL = -1
+"""zstd's first fast level: a 862 MiB checkpoint of train.py stored in 0.80 s instead of level 1's
+1.17 s, taking 692 MiB instead of 627 (2 cores; what a move waits for counts more than disk)."""
+
+
 class ChunkCodec:
     """Encodes and decodes stored chunks; safe to share between threads."""
 
-    def __init__(self, level: int = 1) -> None:
+    def __init__(self, level: int = ZSTD_LEVEL) -> None:
         self._level = level
         self._local = threading.local()
 

@@ -29,7 +29,7 @@ from ferry.common.errors import UsageError
 from ferry.store.backend import Backend
 from ferry.store.chunkform import ChunkForm
 from ferry.store.chunking import PAGE_CHUNK, PAGE_SIZE
-from ferry.store.codec import ChunkCodec
+from ferry.store.codec import ZSTD_LEVEL, ChunkCodec
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.gc import GcResult, collect_garbage
 from ferry.store.keys import KeyRing
@@ -66,7 +66,7 @@ class CheckpointStore:
         backend: Backend,
         *,
         workers: int = 2,
-        zstd_level: int = 1,
+        zstd_level: int = ZSTD_LEVEL,
         gc_wait: float = 300.0,
         lease_ttl: float = DEFAULT_TTL,
         verify_ttl: float = VERIFY_TTL,
@@ -243,7 +243,7 @@ class CheckpointStore:
         return report
 
     def gc(self, *, drain_timeout: float = 30.0) -> GcResult:
-        """Delete chunks no manifest references (see ``ferry.store.gc`` for concurrent writers)."""
+        """Delete the chunks and packs no manifest references (see ``ferry.store.gc`` for concurrent writers)."""
         return collect_garbage(self.backend, self._leases, workers=self.workers, drain_timeout=drain_timeout,
                                keyring=self.keyring)
 
