@@ -87,6 +87,21 @@ def machine(data_dir: Path) -> dict[str, Any]:
     }
 
 
+def copy_rate() -> float:
+    """GiB/s of copying 256 MiB into fresh memory, the best of 3: what this VM's host lends its
+    memory at the moment. On the 2-core VMs it varies between runs minutes apart, and CRIU's dump
+    and Ferry's upload (both copies of the job's memory) vary with it; benchmarks record it with
+    each sample so that their spread can be read."""
+    src = bytearray(b"\x01") * (256 << 20)  # touched: not the shared zero page
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        copy = bytes(src)
+        best = min(best, time.perf_counter() - t0)
+        del copy
+    return (256 / 1024) / best
+
+
 def uptime() -> str:
     out = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     return out or " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -45,6 +45,7 @@ from typing import Any
 from benchkit import (
     BenchError,
     Cluster,
+    copy_rate,
     dir_bytes,
     exit_on_sigterm,
     machine,
@@ -283,6 +284,7 @@ class Bench:
     def repeat(self, i: int, mib: int, interval: float) -> dict[str, Any]:
         tag = f"{mib}m-{i}-{os.getpid()}"
         raw_first = i % 2 == 0
+        rate = copy_rate()
         if raw_first:
             raw_ck = self.raw_checkpoint(tag, mib, interval)
             sealing = self.store_cost(tag, i, Path(raw_ck["images"]))  # before the restore uses the images
@@ -296,7 +298,8 @@ class Bench:
             fer_rs = self.ferry_restore(fer_ck)
             raw_rs = self.raw_restore(raw_ck)
         shutil.rmtree(raw_ck["job_dir"], ignore_errors=True)
-        return {"first": "raw" if raw_first else "ferry", "raw_checkpoint": raw_ck, "ferry_checkpoint": fer_ck,
+        return {"first": "raw" if raw_first else "ferry", "copy_gibs": rate, "raw_checkpoint": raw_ck,
+                "ferry_checkpoint": fer_ck,
                 "raw_restore": raw_rs, "ferry_restore": fer_rs, "sealing": sealing}
 
     def cleanup(self) -> None:
@@ -402,7 +405,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"checkpoint {', '.join(f'{x:.2f}' for x in ck['paired_ratios'])}; restore "
         f"{', '.join(f'{x:.2f}' for x in rs['paired_ratios'])}.",
         f"Page cache dropped before each restore: {'yes' if result['page_cache_dropped'] else 'no (not allowed)'}"
-        "; dirty pages synced before every measured step.",
+        "; dirty pages synced before every measured step. Memory copy rate at the start of each repeat "
+        f"(`benchkit.copy_rate`): {', '.join(format(x['copy_gibs'], '.2f') for x in result['samples'])} GiB/s.",
         "",
         "Machine:",
         "",

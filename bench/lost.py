@@ -43,6 +43,7 @@ from typing import Any
 from benchkit import (
     BenchError,
     add_run_arguments,
+    copy_rate,
     emit,
     exit_on_sigterm,
     machine,
@@ -167,8 +168,10 @@ class LostBench(Bench):
                 for mode in modes:
                     tag = f"{workload}-{mode}-{i}"
                     print(f"{tag} ...", file=sys.stderr, flush=True)
+                    rate = copy_rate()
                     got = await (self.naive_lost(tag, workload) if mode == "naive"
                                  else self.ferry_lost(tag, workload, live=mode == "live"))
+                    got["copy_gibs"] = rate
                     own = got.get("ferry_lost_s")
                     print(f"  lost {got['lost_s']:.2f} s" + (f" (Ferry's own figure: {own:.2f} s)"
                                                              if own is not None else ""), file=sys.stderr, flush=True)
@@ -198,8 +201,11 @@ def report(samples: dict[str, dict[str, list[dict[str, Any]]]], repeat: int, mac
                        + f"{median([s['move_s'] for s in got]):.2f} | {median([s['period_s'] for s in got]):.3f} |")
             result["rows"].append({"workload": workload, "mode": mode, "lost_s": lost, "ratio_vs_naive": ratio,
                                    "ferry_lost_s": median(own) if own else None, "samples": got})
+    rates = [f"{workload} {mode} [{', '.join(format(s['copy_gibs'], '.2f') for s in got)}]"
+             for workload, modes in samples.items() for mode, got in modes.items()]
     text = "\n".join([f"Lost seconds against the job unmoved; median of {repeat}; modes rotate which goes first.",
-                      "", *out, "", machine_line(mach, *load)])
+                      "", *out, "", "Memory copy rate before each sample, GiB/s (`benchkit.copy_rate`): "
+                      + "; ".join(rates) + ".", "", machine_line(mach, *load)])
     return result, text
 
 
