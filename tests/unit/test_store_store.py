@@ -27,11 +27,7 @@ class Recording(LocalBackend):
         self.puts: list[str] = []
         self.fail_chunk_put = fail_chunk_put
 
-    def put(self, key: str, data: bytes) -> None:
-        self._stored(key)
-        super().put(key, data)
-
-    def writer(self, key: str) -> Any:  # packs are written as they come, stored at commit
+    def writer(self, key: str) -> Any:  # every object, a put's too, is stored at its writer's commit
         inner = super().writer(key)
         outer = self
 

@@ -41,43 +41,16 @@ class LocalBackend:
         return BackendUnavailable(f"{self.describe()}: cannot {action} {key}: {exc.strerror or exc}")
 
     def put(self, key: str, data: bytes) -> None:
+        w = self.writer(key)
+        w.write(data)
+        w.commit()
+
+    def writer(self, key: str) -> _FileWriter:
+        """A temporary file in the key's folder, renamed over the key on commit (``put`` writes
+        through one too)."""
         path = self._path(key)
         if path.name.startswith(_TMP):
             raise BackendUnavailable(f"{self.describe()}: key {key!r} uses the reserved prefix {_TMP}")
-        tmp = path.parent / f"{_TMP}{path.name}.{uuid.uuid4().hex}"
-        try:
-            if path.parent not in self._dirs:
-                self._mkdirs(path.parent)
-                self._dirs.add(path.parent)
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:  # the directory was removed behind our back
-                self._mkdirs(path.parent)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            os.fchmod(fd, 0o600)  # whatever the umask
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            if self._fsync:
-                dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # on a read-only or full disk the cleanup fails too
-                tmp.unlink(missing_ok=True)
-            raise self._fail("write", key, exc) from exc
-
-    def writer(self, key: str) -> _FileWriter:
-        """A temporary file in the key's folder, renamed over the key on commit (as ``put``)."""
-        path = self._path(key)
         if path.parent not in self._dirs:
             try:
                 self._mkdirs(path.parent)
@@ -194,7 +167,12 @@ class _FileWriter:
     def write(self, data: bytes) -> None:
         try:
             if self._fd is None:
-                self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                try:
+                    self._fd = os.open(self._tmp, flags, 0o600)
+                except FileNotFoundError:  # the directory was removed behind our back
+                    self._backend._mkdirs(self._path.parent)
+                    self._fd = os.open(self._tmp, flags, 0o600)
                 os.fchmod(self._fd, 0o600)  # whatever the umask
             view = memoryview(data)
             while view:
