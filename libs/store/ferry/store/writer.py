@@ -109,6 +109,7 @@ class _Uploads:
     def _place(self, digest: str, plain: memoryview) -> ChunkRef:
         old = self._reusable.get(digest) if self._packer is not None else None
         repaired = False
+        stored: bytes | None = None
         if self._packer is None or (old is not None and old.pack is None):
             size = self._backend.stored_size(chunk_key(digest))  # on its own (a store from before packs)
             if size is not None:
@@ -130,7 +131,8 @@ class _Uploads:
             log.warning("chunk %s… in pack %s… is damaged: packing it again", digest[:12], old.pack)
             self._backend.put(damage_key(old.pack or "", old.at), b"")  # so no later checkpoint reuses it
             repaired = True
-        stored = self._form.encode(digest, plain)
+        if stored is None:  # not encoded yet for a repair in place that could not be made
+            stored = self._form.encode(digest, plain)
         if self._packer is None:
             self._backend.put(chunk_key(digest), stored)
             ref = ChunkRef.model_construct(hash=digest, size=len(plain))
