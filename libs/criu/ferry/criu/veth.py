@@ -10,12 +10,22 @@ node's namespace (``enter``), so the node's end lands on that node's bridge.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.common.jobnet import BRIDGE, JOB_IF
 from ferry.criu import netcmd
 from ferry.criu.linux import CLONE_NEWNET, setns
+from ferry.criu.rtnl import (
+    RT_SCOPE_LINK,
+    Rtnl,
+    encode_addr,
+    encode_link_by_name,
+    encode_route,
+    encode_veth,
+    in_netns_write,
+)
 
 __all__ = ["HostEnd", "JobLink", "attach", "enter", "restore_args"]
 
@@ -31,24 +41,27 @@ class JobLink:
 
 def attach(pid: int, link: JobLink) -> None:
     """The veth of the job whose network namespace is ``pid``'s: its end configured, the node's
-    end up on the node's bridge. Raises OSError. The caller's children must be in the PID
-    namespace where ``pid`` is ``pid`` (the kernel reads ``netns PID`` there)."""
-    # two processes for the node's end (one `ip -batch`), three for the job's (nsenter, sh, ip):
-    # a launch's share of the node's CPU when many short jobs start
-    netcmd.run(["ip", "-batch", "-"], netns=link.node_netns,
-               stdin=(f"link add {link.host_if} type veth peer name {JOB_IF} netns {pid}\n"
-                      f"link set {link.host_if} master {BRIDGE} up\n"))
-    script = (f"link set lo up\n"
-              f"addr add {link.address}/32 dev {JOB_IF}\n"
-              f"link set {JOB_IF} up\n"
-              f"route add {link.gateway} dev {JOB_IF} scope link\n"
-              f"route add default via {link.gateway} dev {JOB_IF}\n")
+    end up on the node's bridge. Raises OSError. Sent as rtnetlink requests from this process
+    (``ferry.criu.rtnl``): ``ip`` and ``nsenter`` processes were the largest share of a short
+    bridge job's CPU."""
+    job_ns = f"/proc/{pid}/ns/net"
+    fd = os.open(job_ns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with Rtnl(link.node_netns) as node:
+            node.call([encode_veth(link.host_if, JOB_IF, fd, master=node.index(BRIDGE))])
+    finally:
+        os.close(fd)
+    with Rtnl(job_ns) as job:
+        job.call([encode_link_by_name("lo", up=True), encode_link_by_name(JOB_IF, up=True)])
+        index = job.index(JOB_IF)
+        job.call([encode_addr(link.address, index),
+                  encode_route(link.gateway, oif=index, scope=RT_SCOPE_LINK),
+                  encode_route(None, via=link.gateway, oif=index)])
     # no ICMP redirects: a peer that was on the same node must stay reachable through the gateway
     # once it moves away (a redirect would make its address look directly reachable, for good)
     conf = "/proc/sys/net/ipv4/conf"
-    netcmd.run(["sh", "-c", f"{netcmd.tool('ip')} -batch - && echo 0 > {conf}/all/accept_redirects && "
-                            f"echo 0 > {conf}/{JOB_IF}/accept_redirects"],
-               netns=f"/proc/{pid}/ns/net", stdin=script)
+    for name in ("all", JOB_IF):
+        in_netns_write(job_ns, f"{conf}/{name}/accept_redirects", "0")
 
 
 @dataclass(frozen=True)
