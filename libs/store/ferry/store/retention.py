@@ -15,6 +15,17 @@ def expired(manifests: Iterable[Manifest], keep_last: int) -> list[str]:
     return [m.checkpoint for m in ordered[: max(0, len(ordered) - keep_last)]]
 
 
+def awaiting_expiry(job: Job) -> tuple[str, ...]:
+    """A job record's index token while its checkpoints wait for ``expiring`` (ended, with a
+    checkpoint, on its last node), so that a node reads only those, not every job that ever ran."""
+    return (awaiting_expiry_on(job.node),) if job.terminal and job.node and job.last_checkpoint else ()
+
+
+def awaiting_expiry_on(node: str) -> str:
+    """The token of the jobs whose checkpoints wait for expiry on ``node``."""
+    return f"expiring:{node}"
+
+
 def expiring(jobs: Iterable[Job], node: str, keep_ended_s: float, now: float) -> tuple[list[Job], float | None]:
     """The ended jobs last on `node` whose checkpoints are due for deletion (they ended
     `keep_ended_s` ago or more), and when the next one is due (None: none is waiting; a

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 from nats.aio.msg import Msg
 
+from ferry.checkpointer.exits import MonitorWatch
 from ferry.checkpointer.gang import GangMember
 from ferry.checkpointer.live import LiveSource
 from ferry.checkpointer.pipeline import CheckpointPipeline
@@ -27,7 +28,7 @@ from ferry.common.bus import CasConflict
 from ferry.common.cluster import NodeSpec
 from ferry.common.errors import ConfigError, FerryError, UsageError
 from ferry.common.mirror import Mirror
-from ferry.common.models import TERMINAL_STATES, Job, Node, NodeState
+from ferry.common.models import BUSY_STATES, TERMINAL_STATES, Job, JobState, Node, NodeState
 from ferry.common.sealing import SealError, open_env, read_key
 from ferry.common.service import service_main
 from ferry.criu.container import prepare_bundle
@@ -56,10 +57,12 @@ from ferry.node.usage import UsageSampler, nvml_gpu_use
 from ferry.policy.netplan import node_net_state
 from ferry.store.errors import ObjectNotFound
 from ferry.store.manifest import DEFAULT_TENANT
-from ferry.store.retention import expiring
+from ferry.store.retention import awaiting_expiry, awaiting_expiry_on, expiring
 from ferry.store.store import CheckpointStore
 
 log = logging.getLogger(__name__)
+_ON_NODE = frozenset({JobState.RUNNING, *BUSY_STATES})  # a job whose monitor runs on its node
+EXIT_SWEEP_S = 2.0  # the look at every job folder that the monitors' pidfds leave (ferry.checkpointer.exits)
 EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkpoints
 # a pass over every job follows a burst of changes this long after it began (not one per change)
 EXPIRY_SETTLE_S = 2.0  # the checkpoints of ended jobs: days of keeping, seconds do not matter
@@ -74,6 +77,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     async def start(self) -> None:
         await super().start()
         self.settled = SettledDirs(self.jobs_dir)  # the folders of jobs that ended: skipped by the scans
+        self.monitors = MonitorWatch()  # the running jobs' monitors: their ends wake the exit reports
         self.criu = CriuRunner(self.settings.criu_bin)
         self.zygote_proc = ZygoteProcess(self.zygote.path)
         try:
@@ -106,7 +110,10 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     async def run(self) -> None:
         assert self.bus is not None
         await self.bus.subscribe(wire.logs_subject(self.node_id), self.on_logs)
-        jobs = Mirror(self.bus.jobs)  # what the job network and the expiry of ended jobs follow
+        # what the job network (the jobs that have not ended) and the expiry of ended jobs (those
+        # waiting for it) follow: a pass reads those, not every job that ever ran (the passes ran
+        # every 50 ms in a burst of submits, over all of them)
+        jobs = Mirror(self.bus.jobs, live=lambda j: not j.terminal, tokens=awaiting_expiry)
         await jobs.start()
         self.jobs_seen = jobs
         await self.recover_gang_locks([JobDir(d) for d in sorted(self.jobs_dir.iterdir())],
@@ -150,7 +157,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         done: dict[str, float] = {}  # job id -> the record's update that was expired (until the scheduler's write)
         while not self.stopping.is_set():
             changed.clear()
-            due, next_at = expiring(jobs.view(), self.node_id, keep, time.time())  # read only: no copies
+            waiting = jobs.holders(awaiting_expiry_on(self.node_id))  # read only: no copies
+            due, next_at = expiring(waiting, self.node_id, keep, time.time())
             for job in due:
                 if done.get(job.id) == job.updated or self.stopping.is_set():
                     continue
@@ -175,7 +183,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         try:
             while not self.stopping.is_set():
                 changed.clear()
-                state = node_net_state(self.node_id, jobs.view(), nodes.view())  # read only: no copies
+                state = node_net_state(self.node_id, jobs.live(), nodes.view())  # read only: no copies
                 if state != self.jobnet.applied:
                     try:
                         await asyncio.to_thread(self.jobnet.apply, state)
@@ -199,6 +207,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         return out
 
     async def close(self) -> None:
+        self.monitors.close()
         if hasattr(self, "zygote_proc"):  # the jobs it forked go on: their monitors are detached
             await asyncio.to_thread(self.zygote_proc.stop)
         await super().close()
@@ -329,33 +338,61 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     # ---- exits -----------------------------------------------------------------------------
 
     async def exit_watch_loop(self) -> None:
+        """Reports each job's exit when its monitor ends (``MonitorWatch``), looks at the folders
+        of this node's jobs whose monitors it does not follow yet when the jobs change (a restore
+        here), and at every folder each EXIT_SWEEP_S."""
+        wake = self.monitors.woken
+        if self.jobs_seen is not None:
+            self.jobs_seen.listen(wake)
+        swept = 0.0
         while not self.stopping.is_set():
+            wake.clear()
+            ended = self.monitors.take()
             try:
-                await self.report_exits()
+                if time.monotonic() - swept >= EXIT_SWEEP_S:
+                    swept = time.monotonic()
+                    await self.report_exits()
+                else:
+                    for name in sorted(ended | self.unfollowed()):
+                        await self.report_exit(self.jobs_dir / name)
             except Exception:
                 log.exception("exit watch failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), 0.25)
+            await self.until_change(wake, max(0.0, swept + EXIT_SWEEP_S - time.monotonic()), settle_s=0.02)
+
+    def unfollowed(self) -> set[str]:
+        """This node's running jobs whose monitors are not followed (restored here meanwhile)."""
+        if self.jobs_seen is None:
+            return set()
+        return {j.id for j in self.jobs_seen.live()
+                if j.node == self.node_id and j.state in _ON_NODE and not self.monitors.follows(j.id)}
 
     async def report_exits(self) -> None:
         for d in list(self.settled.unsettled()):
-            jd = JobDir(d)
-            ex = jd.read_exit()
+            await self.report_exit(d)
+
+    async def report_exit(self, d: Path) -> None:
+        """Reports the exit in job folder ``d`` once; follows its monitor while there is none."""
+        jd = JobDir(d)
+        ex = jd.read_exit()
+        if ex is None:
+            shim = jd.read_shim()
+            if shim is not None and not self.monitors.follow(d.name, shim.shim_pid):
+                ex = jd.read_exit()  # it ended before it was followed: its exit is written by now
             if ex is None:
-                continue
-            marker = d / f"reported-{ex.incarnation}"
-            if marker.exists():
-                shim = jd.read_shim()
-                if shim is None or shim.incarnation <= ex.incarnation:
-                    self.settled.settle(d)  # ended and reported: nothing to look at until it changes
-                continue
-            by_ckpt = (d / f"stop-{ex.incarnation}").exists()
-            if not by_ckpt:
-                await self.keep_output(jd)
-            await self.report(wire.NodeEvent(kind="exited", node=self.node_id, job=d.name,
-                                             incarnation=ex.incarnation, exit_code=ex.code, signal=ex.signal,
-                                             by_checkpoint=by_ckpt, id=f"exit-{d.name}-{ex.incarnation}"))
-            marker.touch()
+                return
+        marker = d / f"reported-{ex.incarnation}"
+        if marker.exists():
+            shim = jd.read_shim()
+            if shim is None or shim.incarnation <= ex.incarnation:
+                self.settled.settle(d)  # ended and reported: nothing to look at until it changes
+            return
+        by_ckpt = (d / f"stop-{ex.incarnation}").exists()
+        if not by_ckpt:
+            await self.keep_output(jd)
+        await self.report(wire.NodeEvent(kind="exited", node=self.node_id, job=d.name,
+                                         incarnation=ex.incarnation, exit_code=ex.code, signal=ex.signal,
+                                         by_checkpoint=by_ckpt, id=f"exit-{d.name}-{ex.incarnation}"))
+        marker.touch()
 
     def stored_output(self, req: wire.LogRequest) -> bytes:
         return _stored_output(self.store, req)
@@ -432,6 +469,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             return
         await self.report(wire.NodeEvent(kind="started", node=self.node_id, job=job.id,
                                          incarnation=cmd.incarnation, op=cmd.op, pid=info.pid))
+        if not self.monitors.follow(job.id, info.shim_pid):  # its end wakes the exit report
+            self.monitors.ended(job.id)  # ended already: reported now
 
     async def adopt(self, cmd: wire.NodeCommand, jd: JobDir) -> None:
         """`ferry adopt`: watch a running process where it is (``ferry.node.adopt``)."""
