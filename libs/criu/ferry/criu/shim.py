@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -603,9 +604,11 @@ def _reap_all() -> None:
 # -- command line --------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ferry.criu.shim", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="mode", required=True)
+@functools.cache
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser, built once per process (a zygote builds it before it forks)."""
+    top = argparse.ArgumentParser(prog="python -m ferry.criu.shim", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="mode", required=True)
     for mode in ("launch", "restore", "adopt"):
         p = sub.add_parser(mode)
         p.add_argument("--job-dir", required=True)
@@ -636,7 +639,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--container", action="store_true", help="restore the job folder's OCI bundle with runc")
         if mode in ("launch", "restore"):
             p.add_argument("--node-netns", default="", help="the network namespace of the node's bridge")
-    return parser
+    return top
 
 
 def main(args: Sequence[str] | None = None) -> int:
@@ -645,7 +648,7 @@ def main(args: Sequence[str] | None = None) -> int:
     if "--" in args:
         cut = args.index("--")
         args, command = args[:cut], args[cut + 1 :]
-    ns = _parser().parse_args(args)
+    ns = parser().parse_args(args)
     try:
         if ns.mode == "launch":
             lplan = plan_launch(ns, command)

@@ -61,6 +61,9 @@ class Server:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        # the shim's command line parser, built here once: built in each fork, it was half of a
+        # starter's CPU (argparse looks up gettext catalogs and the terminal size for every option)
+        shim.parser()
         gc.freeze()  # what is imported now stays shared with every fork: the collector leaves it alone
         sel = selectors.DefaultSelector()
         sel.register(sock, selectors.EVENT_READ, "accept")
