@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ferry.node.base import scratch_dir
 from tests.conftest import BIN, Cluster, reference_output, wait_until
 from tests.e2e.test_control import FAST, make_cluster, train
 
@@ -97,6 +98,9 @@ def test_scale_up_then_down_with_the_job_moved_and_a_refused_launch_changing_not
     moved = c.json("status", "c")
     assert (moved["node"], moved["state"]) == ("n1", "running"), diagnosis(c, "c", "n1", node)
     assert node not in {n["id"] for n in c.json("nodes")}
+    # its scratch folder (in /dev/shm: memory) went with it, not left until the cluster stops
+    gone = scratch_dir(c.env.get("FERRY_SCRATCH_DIR", ""), c.data_dir / "nodes" / node, node)
+    assert not gone.exists(), sorted(gone.iterdir())
     assert c.logs("d") == "kept after its node is gone\n"  # from the store: its node is gone
     go.touch()
     done = c.wait_state("c", "succeeded", timeout=240)

@@ -155,6 +155,7 @@ def test_node_without_usable_criu_is_reported_and_not_chosen(cluster: Cluster, t
         "FERRY_DATA_DIR": str(cluster.data_dir),
         "FERRY_NODE_ID": "node-nocriu",
         "FERRY_WORK_DIR": str(tmp_path / "work"),
+        "FERRY_SCRATCH_DIR": str(tmp_path / "scratch"),  # not /dev/shm: nothing of it outlives the test
     }
     svc = subprocess.Popen(
         [PY, "-m", "ferry.checkpointer"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

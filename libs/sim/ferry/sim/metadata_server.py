@@ -227,7 +227,8 @@ class MetadataServer:
             log.exception("%s %s failed", req.method, req.path)
             response = _text(500, "internal error\n")
         log.debug("%s %s -> %s", req.method, req.path, response.status)
-        headers = {"Server": "ferry-metadata", "Connection": "close", **dict(response.headers)}
+        # kept alive, as the clouds' endpoints are: a watcher polls every second over one connection
+        headers = {"Server": "ferry-metadata", **dict(response.headers)}
         return web.Response(status=response.status, body=response.body, content_type=response.content_type,
                             headers=headers)
 
