@@ -87,6 +87,15 @@ def object_writer(backend: Backend, key: str) -> ObjectWriter:
 
 
 @runtime_checkable
+class CoalescedReads(Protocol):
+    """Optional: a backend whose every request costs a round trip (S3): a restore reads a pack's
+    neighbouring chunks together, up to ``coalesce_bytes`` a read. A local file is read a chunk at
+    a time (bigger reads measured slower there: fresh buffers cost more than the calls)."""
+
+    coalesce_bytes: int
+
+
+@runtime_checkable
 class SizedListing(Protocol):
     """Optional: a backend that can list keys with their stored sizes in one pass (used by gc)."""
 

@@ -38,7 +38,7 @@ class ChunkForm:
         header, payload = self.codec.pack(plain)
         return self.keys.seal(name, payload, prefix=bytes([SEALED, header]))
 
-    def decode(self, name: str, stored: bytes, size: int) -> memoryview:
+    def decode(self, name: str, stored: bytes | memoryview, size: int) -> memoryview:
         """The plain bytes of chunk ``name``; UndecodableChunk when they are not that chunk."""
         view = memoryview(stored)
         if not view:

@@ -70,7 +70,7 @@ class ChunkCodec:
         header, payload = self.pack(plain)
         return bytes([header]) + payload
 
-    def decode(self, stored: bytes, size: int) -> memoryview:
+    def decode(self, stored: bytes | memoryview, size: int) -> memoryview:
         """The plain bytes of a stored chunk of ``size`` bytes; UndecodableChunk if impossible."""
         view = memoryview(stored)
         if not view:

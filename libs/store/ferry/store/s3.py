@@ -38,6 +38,7 @@ class S3Backend:
     """Objects under ``prefix`` in ``bucket`` at ``endpoint`` (``host[:port]``, no scheme)."""
 
     list_page = 1000  # keys per listing request; a failed request resumes after the last key seen
+    coalesce_bytes = 8 * 1024 * 1024  # a restore's ranged reads of neighbouring chunks (CoalescedReads)
 
     def __init__(
         self,
