@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -144,6 +145,30 @@ def test_gc_defers_while_a_writer_is_active(tmp_path: Path) -> None:
     assert not result.deferred and result.chunks_deleted == 1
 
 
+def test_gc_removes_what_a_killed_writer_left_once_no_one_can_still_be_writing_it(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "store")
+    store = CheckpointStore(backend, lease_ttl=5)
+    kept = _write(store, tmp_path, "c1", {"a": random.Random(3).randbytes(MiB)})
+    # a checkpointer killed mid-pack: its temporary file, sealed chunks in it, never committed
+    killed = backend.writer(pack_key("d" * 32))
+    killed.write(b"\x00" * MiB)
+    old = next((tmp_path / "store" / "packs").glob(".tmp.*"))
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    live = backend.writer(pack_key("e" * 32))  # a writer still at work: written to just now
+    live.write(b"\x00" * 1024)
+    young = next(p for p in (tmp_path / "store" / "packs").glob(".tmp.*") if p != old)
+    with store._leases.writing(timeout=1):  # deferred: nothing of a writer's is touched
+        assert store.gc(drain_timeout=0.2).unfinished_deleted == 0
+    assert old.exists()
+    result = store.gc()
+    assert result.unfinished_deleted == 1 and result.packs_deleted == 0
+    assert not old.exists() and young.exists()
+    live.commit()
+    assert backend.exists(pack_key("e" * 32))
+    store.restore_files(kept.manifest, tmp_path / "out")
+    assert (tmp_path / "out" / "a").read_bytes() == random.Random(3).randbytes(MiB)
+
+
 def test_stale_leases_are_ignored(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path / "store")
     store = CheckpointStore(backend, lease_ttl=5)
@@ -218,7 +243,7 @@ def test_expired_orders_by_creation_time() -> None:
 
 def test_ended_jobs_expire_on_their_last_node_after_the_keep_time() -> None:
     from ferry.common.models import Job, JobState
-    from ferry.store.retention import expiring
+    from ferry.store.retention import awaiting_expiry, awaiting_expiry_on, expiring
 
     def job(name: str, state: JobState, node: str, updated: float, checkpoint: str | None = "ck-1") -> Job:
         return Job(id=name, name=name, argv=["x"], state=state, node=node, updated=updated, last_checkpoint=checkpoint)
@@ -231,6 +256,10 @@ def test_ended_jobs_expire_on_their_last_node_after_the_keep_time() -> None:
     assert [j.name for j in due] == ["older", "old"] and next_at == 1050.0
     assert expiring(jobs, "n1", keep_ended_s=0.0, now=1000.0) == ([], None)  # 0 keeps them all
     assert expiring(jobs[:2], "n1", keep_ended_s=100.0, now=1000.0)[1] is None
+    # the index a node reads instead of every job: exactly the ones expiry may pick there
+    indexed = [j for j in jobs if awaiting_expiry_on("n1") in awaiting_expiry(j)]
+    assert {j.name for j in indexed} == {"old", "older", "young"}
+    assert expiring(indexed, "n1", keep_ended_s=100.0, now=1000.0) == (due, next_at)
 
 
 def test_deleting_a_job_deletes_every_checkpoint_of_it_readable_or_not(tmp_path: Path) -> None:

@@ -96,6 +96,16 @@ class CoalescedReads(Protocol):
 
 
 @runtime_checkable
+class UnfinishedWrites(Protocol):
+    """Optional: a backend where a writer killed mid-object leaves its partial object behind (a
+    local temporary file), which gc removes once nothing can still be writing it."""
+
+    def remove_unfinished(self, prefix: str, older_than_s: float) -> int:
+        """Remove the partial objects under ``prefix`` last written ``older_than_s`` or more ago;
+        return how many."""
+
+
+@runtime_checkable
 class SizedListing(Protocol):
     """Optional: a backend that can list keys with their stored sizes in one pass (used by gc)."""
 

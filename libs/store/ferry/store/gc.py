@@ -6,7 +6,9 @@ until no writer is active (new writers wait for gc); only then does it read ever
 every checkpoint that could rely on a listed chunk has either committed its manifest (and keeps
 the chunk) or has not yet looked at the store. If writers stay active past ``drain_timeout``, gc
 deletes nothing and reports ``deferred``. An unreadable manifest stops gc before any deletion,
-since the chunks it needs are unknown.
+since the chunks it needs are unknown. While it holds the lease with no writer active, gc also
+removes what writers killed mid-object left (a local pack's temporary file), when no one wrote to
+it for a lease's lifetime.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from functools import partial
 
 from pydantic import BaseModel
 
-from ferry.store.backend import Backend, SizedListing
+from ferry.store.backend import Backend, SizedListing, UnfinishedWrites
 from ferry.store.errors import ManifestCorrupt, ObjectNotFound, StoreError
 from ferry.store.keys import KeyRing
 from ferry.store.leases import Leases
@@ -29,6 +31,7 @@ _CHUNK = re.compile(r"chunks/([0-9a-f]{64})")
 _PACK = re.compile(r"packs/([0-9a-f]{32})")
 _MANIFEST = re.compile(r"manifests/([^/]+)/([^/]+)\.json")
 _BATCH = 256
+_WRITTEN = ("chunks/", "packs/", "manifests/")  # what checkpoint writers write, under their leases
 
 
 class GcResult(BaseModel):
@@ -41,6 +44,7 @@ class GcResult(BaseModel):
     packs_deleted: int = 0
     packs_kept: int = 0
     quarantined_deleted: int = 0
+    unfinished_deleted: int = 0  # partial objects killed writers left
     deferred: bool = False
 
     @property
@@ -109,8 +113,12 @@ def collect_garbage(backend: Backend, leases: Leases, *, workers: int, drain_tim
         quarantined = list(backend.list("quarantine/"))
         for key in quarantined:
             backend.delete(key)
+        unfinished = 0
+        if isinstance(backend, UnfinishedWrites):
+            unfinished = sum(backend.remove_unfinished(prefix, leases.ttl) for prefix in _WRITTEN)
     return GcResult(
         quarantined_deleted=len(quarantined),
+        unfinished_deleted=unfinished,
         chunks_deleted=len(orphans),
         packs_deleted=len(dead_packs),
         bytes_freed=sum(stored[h] for h in stored if h not in referenced) + sum(packed[p] for p in dead_packs),

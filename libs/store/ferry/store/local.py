@@ -1,7 +1,8 @@
 """A backend in a local directory: each key is a file under the root.
 
 ``put`` writes a temporary file (named ``.tmp.*``, never listed) in the target's directory and
-renames it over the key, so readers see the old object or the whole new one. With ``fsync=True``
+renames it over the key, so readers see the old object or the whole new one; one a killed writer
+left goes at the next gc (``remove_unfinished``). With ``fsync=True``
 the data and the rename are flushed to disk before ``put`` returns; without it (the default, much
 faster) a machine crash may leave a damaged chunk, which a restore then reports as ChunkCorrupt.
 Checkpoints hold process memory: objects are 0600 and folders 0700, whatever the umask.
@@ -13,6 +14,7 @@ import builtins
 import contextlib
 import os
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +129,29 @@ class LocalBackend:
 
     def list_sizes(self, prefix: str) -> Iterator[tuple[str, int]]:
         return self._walk(prefix, sizes=True)
+
+    def remove_unfinished(self, prefix: str, older_than_s: float) -> int:
+        """Removes the temporary files under ``prefix`` (a writer's, killed before its commit: up
+        to a whole pack) not written to for ``older_than_s`` seconds; a live writer's file is
+        written as its pieces come, so it is younger."""
+        check_prefix(prefix)
+        folder = self.root / prefix.rstrip("/") if prefix else self.root
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for directory, _, names in os.walk(folder):
+            for name in names:
+                if not name.startswith(_TMP):
+                    continue
+                path = Path(directory) / name
+                try:
+                    if path.lstat().st_mtime <= cutoff:
+                        path.unlink()
+                        removed += 1
+                except FileNotFoundError:  # committed or aborted meanwhile
+                    continue
+                except OSError as exc:
+                    raise self._fail("remove", str(path.relative_to(self.root)), exc) from exc
+        return removed
 
     def _walk(self, prefix: str, *, sizes: bool) -> Iterator[tuple[str, int]]:
         check_prefix(prefix)

@@ -206,9 +206,10 @@ class CheckpointPipeline:
         except (StoreError, OSError) as exc:
             log.warning("gc after %s failed: %s", why, exc)
             return
-        if result.objects_deleted or result.quarantined_deleted:
-            log.info("gc after %s: %d orphaned chunk(s), %d pack(s), %d bytes, %d quarantined", why,
-                     result.chunks_deleted, result.packs_deleted, result.bytes_freed, result.quarantined_deleted)
+        if result.objects_deleted or result.quarantined_deleted or result.unfinished_deleted:
+            log.info("gc after %s: %d orphaned chunk(s), %d pack(s), %d bytes, %d quarantined, %d unfinished",
+                     why, result.chunks_deleted, result.packs_deleted, result.bytes_freed,
+                     result.quarantined_deleted, result.unfinished_deleted)
 
     async def apply_retention(self, job_id: str) -> list[str]:
         """Keeps the newest FERRY_KEEP_CHECKPOINTS checkpoints of a job (0: all); returns the rest,
