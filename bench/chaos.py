@@ -33,6 +33,7 @@ Each goal is 0. Prints the counts, every fault with its time, and the machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -46,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 from benchkit import machine, run_directory, uptime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +87,14 @@ class Cluster:
                 break
         else:
             raise SystemExit("chaos: ferry up did not become ready")
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep the pipe drained
+        self.restarts: list[str] = []  # `ferry up`'s lines for the services it started again
+        threading.Thread(target=self._drain, daemon=True).start()  # keep the pipe drained
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if "starting it again" in line:
+                self.restarts.append(line.strip())
 
     def ferry(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         try:
@@ -162,9 +171,24 @@ class Sampler(threading.Thread):
             self.most = max(self.most, running_copies(self.argv)[0])
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # killed meanwhile (a node killed by a later fault)
+        os.kill(pid, signal.SIGCONT)
+
+
 def inject(c: Cluster, kind: str, rng: random.Random, dead: set[str], nodes: list[str]) -> str:
+    # the services running now: one killed by an earlier fault may not be started again yet
+    # (`ferry up` writes its new pid when it is), and its old pid names no process
     services = {k: v for k, v in c.state()["services"].items()
-                if v and k != "nats" and not k.startswith("metadata@") and k.partition("@")[2] not in dead}
+                if v and k != "nats" and not k.startswith("metadata@") and k.partition("@")[2] not in dead
+                and _running(v)}
     if kind in ("kill-service", "pause-service"):
         name = rng.choice(sorted(services))
         if kind == "kill-service":
@@ -172,7 +196,7 @@ def inject(c: Cluster, kind: str, rng: random.Random, dead: set[str], nodes: lis
             return f"SIGKILL {name}"
         pause = rng.uniform(2, 6)
         os.kill(services[name], signal.SIGSTOP)
-        threading.Timer(pause, lambda: os.kill(services[name], signal.SIGCONT)).start()
+        threading.Timer(pause, _resume, (services[name],)).start()
         return f"SIGSTOP {name} for {pause:.1f}s"
     if kind == "kill-nats":
         os.kill(c.state()["services"]["nats"], signal.SIGKILL)
@@ -319,7 +343,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             c.stop()
             pool.shutdown(cancel_futures=True)
+    # every service `ferry up` had to start again, killed by a fault or ended by itself: the latter,
+    # with its exit code here and its log in the kept state (--keep), is worth a look
     return {"seed": args.seed, "faults": args.faults, "jobs": args.jobs, "nodes": args.nodes, "counts": counts,
+            "service_restarts": c.restarts,
             "by_kind": {k: sum(1 for e in log if e.get("fault") == k) for k in FAULTS}, "results": jobs,
             "log": log, "load": uptime(), "machine": machine(Path(args.data_dir or "/tmp"))}
 
@@ -345,6 +372,8 @@ def main() -> None:
     n = report["counts"]
     print(f"\n{args.faults} faults over {args.jobs} jobs (seed {args.seed}): lost {n['lost']}, duplicated "
           f"{n['duplicated']}, stuck {n['stuck']}, corrupt {n['corrupt']}; by kind {report['by_kind']}")
+    for line in report["service_restarts"]:
+        print(line)
     print(f"load: {report['load']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
