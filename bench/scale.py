@@ -3,7 +3,9 @@
 - **submits**: ``--jobs`` short jobs (``true``) submitted through the admin API by ``--clients``
   concurrent gRPC clients, as fast as it answers; submits per second overall and per hundred (a
   rate that falls as jobs pile up means a cost that grows with history), each submit's latency
-  (p50, p90), and the CPU seconds each service used for them;
+  (p50, p90), the CPU seconds each service used for them, and how much of the machine's CPU went
+  unused meanwhile; then as many again from ``--more-clients`` clients (with few clients each
+  submit's latency can bound the rate while CPU is left over);
 - **spread**: where the jobs ran (equal nodes should share equal work);
 - **listing**: ``ferry ps -a -o json`` and ``ferry nodes -o json`` with every job finished;
 - **supervisor**: what one running job's supervisor (its monitor, forked from the node's shim
@@ -11,7 +13,7 @@
 - **placement**: one placement decision (the node views from the records, then the choice) at
   10,000 jobs, 2,000 of them running, on 1,000 nodes, in this process.
 
-    python bench/scale.py [--jobs 1000] [--clients 4] [--json out.json] [--md out.md]
+    python bench/scale.py [--jobs 1000] [--clients 4] [--more-clients 16] [--json out.json] [--md out.md]
 """
 
 from __future__ import annotations
@@ -68,11 +70,19 @@ def service_cpu(root: int) -> dict[str, float]:
     return out
 
 
+def idle_pct(before: Any, after: Any) -> float:
+    """How much of the machine's CPU time went unused between two ``psutil.cpu_times()``: near 0
+    means the submits were bound by CPU; more, by the latency of each (the clients waited)."""
+    spent = {k: getattr(after, k) - getattr(before, k) for k in after._fields}
+    total = sum(spent.values())
+    return round(100 * (spent.get("idle", 0.0) + spent.get("iowait", 0.0)) / total, 1) if total else 0.0
+
+
 def percentile(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
 
 
-def submits(cluster: Cluster, jobs: int, clients: int) -> dict[str, Any]:
+def submits(cluster: Cluster, jobs: int, clients: int, prefix: str = "s") -> dict[str, Any]:
     channel = grpc.insecure_channel(cluster.addr)
     stub = rpc.FerryAdminStub(channel)
     latencies: list[tuple[int, float, float]] = []  # (index, finished at, seconds)
@@ -88,9 +98,9 @@ def submits(cluster: Cluster, jobs: int, clients: int) -> dict[str, Any]:
                 return
             started = time.perf_counter()
             try:
-                stub.SubmitJob(pb.SubmitJobRequest(name=f"s{i:05d}", argv=["true"]), timeout=120)
+                stub.SubmitJob(pb.SubmitJobRequest(name=f"{prefix}{i:05d}", argv=["true"]), timeout=120)
             except grpc.RpcError as exc:
-                errors.append(f"s{i:05d}: {exc.details()}")
+                errors.append(f"{prefix}{i:05d}: {exc.details()}")
                 return
             done = time.perf_counter()
             with lock:
@@ -98,6 +108,7 @@ def submits(cluster: Cluster, jobs: int, clients: int) -> dict[str, Any]:
 
     assert cluster.proc is not None
     cpu_before = service_cpu(cluster.proc.pid)
+    machine_before = psutil.cpu_times()
     began = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -106,6 +117,7 @@ def submits(cluster: Cluster, jobs: int, clients: int) -> dict[str, Any]:
         t.join()
     took = time.perf_counter() - began
     cpu_after = service_cpu(cluster.proc.pid)
+    machine_after = psutil.cpu_times()
     if errors:
         raise SystemExit(f"{len(errors)} submits failed, the first: {errors[0]}")
     latencies.sort(key=lambda x: x[1])
@@ -119,6 +131,7 @@ def submits(cluster: Cluster, jobs: int, clients: int) -> dict[str, Any]:
     return {"jobs": jobs, "clients": clients, "seconds": round(took, 2), "per_s": round(jobs / took, 1),
             "per_s_each_hundred": per_hundred, "latency_p50_ms": round(percentile(secs, 50) * 1000, 1),
             "latency_p90_ms": round(percentile(secs, 90) * 1000, 1),
+            "idle_pct": idle_pct(machine_before, machine_after),
             "cpu_s": {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in sorted(cpu_after)}}
 
 
@@ -243,6 +256,10 @@ def report(r: dict[str, Any]) -> str:
         f"| submits per second (overall) | {s['per_s']} | >= 30 | {'yes' if s['per_s'] >= 30 else '**no**'} |",
         f"| ... per hundred, in order | {', '.join(map(str, s['per_s_each_hundred']))} | flat | - |",
         f"| submit latency p50 / p90 | {s['latency_p50_ms']} / {s['latency_p90_ms']} ms | - | - |",
+        f"| the machine's CPU left idle during the submits | {s['idle_pct']}% | - | - |",
+        *([f"| submits per second with {x['clients']} clients (another {x['jobs']} jobs, after the first) | "
+           f"{x['per_s']} (idle {x['idle_pct']}%; per hundred {', '.join(map(str, x['per_s_each_hundred']))}) | "
+           f">= 30 | {'yes' if x['per_s'] >= 30 else '**no**'} |"] if (x := r.get("more_submits")) else []),
         f"| CPU seconds per service for the {s['jobs']} submits | {cpu} | - | - |",
         f"| jobs per node | {', '.join(f'{k}: {v}' for k, v in r['spread'].items())} | equal | - |",
         f"| `ferry ps -a -o json` with {s['jobs']} jobs (median; samples) | {median(r['ps_s']) * 1000:.0f} ms; "
@@ -273,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--more-clients", type=int, default=16,
+                        help="then as many jobs again from this many clients (0: not): with few clients the "
+                             "submits can wait on each one's latency with CPU to spare")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     began = time.monotonic()
@@ -289,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             result["nodes_s"] = timed_cli(cluster, "nodes")
             result["supervisor"] = supervisor(cluster)
             result["restored"] = restored_supervisor(cluster)
+            if args.more_clients:
+                result["more_submits"] = submits(cluster, args.jobs, args.more_clients, prefix="m")
         finally:
             cluster.stop()
         result |= {"placement": placement(), "machine": machine(Path(run_dir)), "load_before": load_before,
