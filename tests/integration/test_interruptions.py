@@ -17,10 +17,12 @@ from ferry.node.interruptions import (
     MetadataError,
     Notice,
     NoticeSource,
+    close_client,
     http_request,
     parse_http_date,
     watch,
 )
+from ferry.node import interruptions
 from ferry.sim.metadata_server import MetadataServer, send_clear, send_notice
 
 
@@ -152,6 +154,20 @@ async def test_headers_are_enforced(server: MetadataServer) -> None:
     assert (await http_request("GET", events, {"Metadata": "true"})).status == 400
     empty = await http_request("GET", f"{events}?api-version=2020-07-01", {"Metadata": "true"})
     assert empty.status == 200 and empty.json()["Events"] == []
+
+
+async def test_requests_share_one_client_until_the_service_closes_it(server: MetadataServer) -> None:
+    preempted, google = f"{server.url}/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"}
+    assert (await http_request("GET", preempted, google)).status == 200
+    first = interruptions._client()
+    assert (await http_request("GET", preempted, google)).status == 200
+    assert interruptions._client() is first and not first.is_closed  # kept: its connection stays open
+    await close_client()
+    assert first.is_closed
+    await close_client()  # nothing left to close: no error
+    assert (await http_request("GET", preempted, google)).status == 200  # a new one after a close
+    assert interruptions._client() is not first
+    await close_client()
 
 
 async def test_a_source_reports_an_unreachable_endpoint() -> None:

@@ -135,6 +135,13 @@ def _client() -> httpx.AsyncClient:
     return client
 
 
+async def close_client() -> None:
+    """Closes the running loop's client, if it has one (a service's close)."""
+    client = _CLIENTS.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+        await client.aclose()
+
+
 async def http_request(
     method: str,
     url: str,

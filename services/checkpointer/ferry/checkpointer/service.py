@@ -51,7 +51,7 @@ from ferry.node.base import (
     workload_env,
 )
 from ferry.node.bridge import NodeNetwork, job_link, port_taken
-from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, watch
+from ferry.node.interruptions import AwsImds, AzureScheduledEvents, GcpMetadata, NoticeSource, close_client, watch
 from ferry.node.procs import alive
 from ferry.node.usage import UsageSampler, nvml_gpu_use
 from ferry.policy.netplan import node_net_state
@@ -210,6 +210,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         self.monitors.close()
         if hasattr(self, "zygote_proc"):  # the jobs it forked go on: their monitors are detached
             await asyncio.to_thread(self.zygote_proc.stop)
+        await close_client()  # the interruption watch's connections to the metadata endpoint
         await super().close()
 
     def make_gpu_monitor(self) -> GpuMonitor:
