@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from ferry.common.errors import UsageError
+from ferry.node import interruptions
 from ferry.node.interruptions import (
     AwsImds,
     AzureScheduledEvents,
@@ -22,7 +23,6 @@ from ferry.node.interruptions import (
     parse_http_date,
     watch,
 )
-from ferry.node import interruptions
 from ferry.sim.metadata_server import MetadataServer, send_clear, send_notice
 
 
