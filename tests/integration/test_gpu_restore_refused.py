@@ -18,7 +18,8 @@ A100 = GpuInfo(index=0, uuid="GPU-a100-0", model="NVIDIA A100-SXM4-40GB", memory
 
 async def test_mismatched_gpus_refuse_the_restore_untouched(nats_url: str, tmp_path: Path) -> None:
     make_secrets(tmp_path)
-    settings = Settings(nats_url=nats_url, data_dir=tmp_path, node_id="gpu-b", heartbeat_interval_s=0.3)
+    settings = Settings(nats_url=nats_url, data_dir=tmp_path, node_id="gpu-b", heartbeat_interval_s=0.3,
+                        scratch_dir=str(tmp_path / "scratch"))  # not /dev/shm: nothing outlives the test
     store = open_store(settings.resolved_store_url(), settings.resolved_store_key_file())
     images = tmp_path / "images"
     images.mkdir()

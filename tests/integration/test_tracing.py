@@ -28,7 +28,8 @@ pytestmark = pytest.mark.criu
 async def test_checkpoint_is_one_connected_trace(nats_url: str, tmp_path: Path, criu_bin: str) -> None:
     exporter = InMemorySpanExporter()
     make_secrets(tmp_path)
-    base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3)
+    base = Settings(nats_url=nats_url, data_dir=tmp_path, addr=f"127.0.0.1:{free_port()}", heartbeat_interval_s=0.3,
+                    scratch_dir=str(tmp_path / "scratch"))  # not /dev/shm: nothing outlives the test
     setup_tracing("test", base, SimpleSpanProcessor(exporter))
     services: list[Service] = [Scheduler(base), Api(base), Checkpointer(base.model_copy(update={"node_id": "node-t"}))]
     tasks = [asyncio.create_task(s.serve()) for s in services]
