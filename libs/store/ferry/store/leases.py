@@ -10,9 +10,7 @@ the other's (with a strongly consistent backend, one of any two always sees the 
 * gc puts ``locks/gc.json``, then waits until no fresh writer lease remains (writers already past
   their check finish and commit their manifests) or gives up and defers.
 
-Both sides renew their lease every ``ttl / 4`` seconds from a background thread (one per
-``Leases``, for all the leases it holds, gone once it holds none: a thread started and joined for
-each write was most of the cost of keeping a short job's output); a lease whose
+Both sides renew their lease every ``ttl / 4`` seconds from a background thread; a lease whose
 ``renewed`` time is older than ``ttl`` belongs to a crashed process and is ignored. This assumes the
 nodes' clocks agree to well within ``ttl``.
 """
@@ -53,9 +51,6 @@ class Leases:
         self.backend = backend
         self.ttl = ttl
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
-        self._held: set[str] = set()  # the leases this object renews
-        self._lock = threading.Condition()  # over _held, _renewer and every renewal's put
-        self._renewer: threading.Thread | None = None
 
     def _put(self, key: str) -> None:
         self.backend.put(key, Lease(owner=self.owner, renewed=time.time()).model_dump_json().encode())
@@ -75,32 +70,23 @@ class Leases:
 
     @contextmanager
     def _renewing(self, key: str) -> Iterator[None]:
-        """Keeps lease ``key`` (already put) renewed for the block, then deletes it."""
-        with self._lock:
-            self._held.add(key)
-            if self._renewer is None:
-                self._renewer = threading.Thread(target=self._renew_held, name="store leases", daemon=True)
-                self._renewer.start()
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(self.ttl / 4):
+                try:
+                    self._put(key)
+                except Exception:  # the next round tries again; a lease left stale is merely ignored
+                    log.warning("cannot renew lease %s", key, exc_info=True)
+
+        thread = threading.Thread(target=renew, name=f"lease {key}", daemon=True)
+        thread.start()
         try:
             yield
         finally:
-            with self._lock:  # after this, no renewal puts it again
-                self._held.discard(key)
+            stop.set()
+            thread.join()
             self.backend.delete(key)
-
-    def _renew_held(self) -> None:
-        """Puts every held lease again each ``ttl / 4``; ends when it finds none held."""
-        with self._lock:
-            while True:
-                self._lock.wait(self.ttl / 4)
-                if not self._held:
-                    self._renewer = None
-                    return
-                for key in sorted(self._held):  # under the lock: a lease let go is never put again
-                    try:
-                        self._put(key)
-                    except Exception:  # the next round tries again; a lease left stale is merely ignored
-                        log.warning("cannot renew lease %s", key, exc_info=True)
 
     @contextmanager
     def writing(self, timeout: float) -> Iterator[None]:
