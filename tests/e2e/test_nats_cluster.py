@@ -7,6 +7,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,16 +43,18 @@ class Copies(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.most, self.done = 0, threading.Event()
+        self.seen: list[str] = []  # the copies at the first sample with more than one: what a failure says
 
     def run(self) -> None:
         while not self.done.wait(0.05):
-            n = 0
-            for p in psutil.process_iter(["cmdline", "status"]):
-                if p.info["cmdline"] == ARGV and p.info["status"] not in (psutil.STATUS_STOPPED,
-                                                                          psutil.STATUS_TRACING_STOP,
-                                                                          psutil.STATUS_ZOMBIE):
-                    n += 1
-            self.most = max(self.most, n)
+            found = [p for p in psutil.process_iter(["cmdline", "status", "ppid", "create_time"])
+                     if p.info["cmdline"] == ARGV and p.info["status"] not in (psutil.STATUS_STOPPED,
+                                                                                psutil.STATUS_TRACING_STOP,
+                                                                                psutil.STATUS_ZOMBIE)]
+            if len(found) > 1 and not self.seen:
+                self.seen = [f"pid {p.pid} ppid {p.info['ppid']} {p.info['status']} started "
+                             f"{p.info['create_time']:.2f} at {time.time():.2f}" for p in found]
+            self.most = max(self.most, len(found))
 
 
 def status(c: Cluster) -> dict[str, Any] | None:
@@ -111,7 +114,7 @@ def test_one_nats_server_killed_midway_loses_nothing(r3_cluster: Cluster) -> Non
         copies.done.set()
         copies.join()
     assert c.logs("r3") == want
-    assert copies.most == 1, f"{copies.most} copies ran at once"
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
     committed = [k for k in c.json("checkpoints", "r3") if k["state"] == "committed"]
     assert committed
     if ck.returncode == 0:  # the checkpoint taken while a server died is one that stayed committed
