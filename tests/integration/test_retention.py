@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,29 @@ from tests.conftest import PY, make_secrets, serving
 
 pytestmark = pytest.mark.criu
 
-# rewrites a different 4 MiB of fresh random bytes every 0.2 s: each checkpoint has chunks of its own
+# rewrites a different quarter of its 16 MiB with fresh random bytes every 0.1 s, and prints how many
+# quarters it rewrote: each checkpoint has chunks of its own
 CHURN = ("import os, time\nbuf = bytearray(16 << 20)\ni = 0\nwhile True:\n"
          "    o = (i % 4) << 22\n    buf[o:o + (4 << 20)] = os.urandom(4 << 20)\n"
-         "    i += 1\n    print(i, flush=True)\n    time.sleep(0.2)\n")
+         "    i += 1\n    print(i, flush=True)\n    time.sleep(0.1)\n")
+# After a checkpoint, the quarter being written while it froze is finished, then all four are rewritten
+# whole: only then is nothing of the last checkpoint's own chunks still in memory. Waiting on that, not
+# on a clock, keeps the test's pack counts the same on a loaded machine, where the loop runs slower.
+FULL_TURN = 5
+
+
+async def rewritten(stub: Any) -> int:
+    """How many quarters the churning job has rewritten: the last line of its output, read with `ferry logs`'s call."""
+    out = b"".join([c.data async for c in stub.ReadLogs(pb.ReadLogsRequest(job="churn"))])
+    lines = out.split()
+    return int(lines[-1]) if lines else 0
+
+
+async def wait_rewritten(stub: Any, at_least: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (done := await rewritten(stub)) < at_least:
+        assert time.monotonic() < deadline, f"the churning job rewrote {done} quarters, not {at_least}"
+        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
@@ -52,11 +72,12 @@ async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, c
         taken = []
         chunks_after = []
         for _ in range(4):
-            await asyncio.sleep(0.5)
+            await wait_rewritten(stub, await rewritten(stub) + FULL_TURN)
             updates = [u async for u in stub.Checkpoint(pb.CheckpointRequest(job="churn"))]
             assert not updates[-1].error, updates[-1].error
             taken.append(updates[-1].checkpoint.id)
             chunks_after.append(sum(1 for _ in store.backend.list("packs/")))
+        print("DEBUG", chunks_after, [sorted(store.read_manifest(job.id, c).packs()) for c in taken[-2:]])
         listed = [c.id for c in (await stub.ListCheckpoints(pb.JobRef(job="churn"))).checkpoints]
         assert listed == taken[-2:]
         assert sorted(store.list_checkpoints(job.id)) == sorted(taken[-2:])
