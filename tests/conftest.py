@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import grpc
 import grpc.aio
+import psutil
 import pytest
 
 from ferry.common import ports
@@ -65,6 +66,28 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
             raise AssertionError(f"timed out after {timeout}s waiting for {what}"
                                  + (f"\n{explain()}" if explain is not None else ""))
         time.sleep(interval)
+
+
+# where services started by a test keep their jobs' folders: <data dir>/nodes/<node>/jobs/<job>
+_JOB_FOLDERS = ("nodes/*/jobs/*/shim.json", "*/nodes/*/jobs/*/shim.json")
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Jobs outlive the services that started them (by design); a test that failed before killing
+    its job left it running for the rest of the suite (two churning jobs took a tenth of this
+    machine). After each test, the workloads of the shims still running from its folder are killed."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if not isinstance(tmp, Path):
+        return
+    for pattern in _JOB_FOLDERS:
+        for shim_file in tmp.glob(pattern):
+            with contextlib.suppress(OSError, ValueError, psutil.Error):
+                shim = json.loads(shim_file.read_text())
+                if str(shim_file.parent) not in " ".join(psutil.Process(shim["shim_pid"]).cmdline()):
+                    continue  # that shim is gone, its pid someone else's
+                os.kill(shim["pid"], signal.SIGKILL)  # the workload (its namespace's init: all of it)
 
 
 @pytest.fixture(scope="session")
