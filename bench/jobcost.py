@@ -115,7 +115,7 @@ def burst(cluster: Cluster, nats: NatsCounters, jobs: int, clients: int, prefix:
 def report(r: dict[str, Any]) -> str:
     bursts = r["bursts"]
     lines = [f"Where a job's CPU goes: `ferry up --nodes 4`, {len(bursts)} bursts of {r['jobs']} jobs (`true`) "
-             f"from {r['clients']} clients (medians; every burst's figure after the semicolon):", "",
+             f"from {r['clients']} clients (the median and every burst's figure):", "",
              "| per job | median | bursts |", "|---|---|---|"]
 
     def row(label: str, xs: list[float], unit: str = "") -> None:
