@@ -16,6 +16,14 @@ keep the common questions from walking every record: ``live`` (the records a pre
 such as the jobs that have not ended) and ``find`` (by a field that is unique, such as a job's
 name). ``caught_up`` waits until the copy holds every write the bucket had when it was called,
 for a reader that must see what another service has just written.
+
+The watch's end-of-records marker is not trusted alone: nats-py sends it when a consumer's count
+of pending messages reads 0, which happens while the server's last messages are still on their
+way to the client (at the watch's setup, or when that count dips to 0 under concurrent writes;
+nats.py #995). A restarted scheduler then began with too few jobs and answered "no job" for a
+job it had not read yet. The first pass therefore also waits for the bucket's newest revision
+as it was before the watch began (or, if that one is gone from the stream, for a quiet
+``END_GRACE_S``).
 """
 
 import asyncio
@@ -33,6 +41,7 @@ from ferry.common.bus import BusError, M, Table
 log = logging.getLogger(__name__)
 
 RESYNC_S = 30.0
+END_GRACE_S = 2.0  # after the marker, how long to wait for the revision it should have come after
 _DELETES = ("DEL", "PURGE")
 
 
@@ -205,48 +214,61 @@ class Mirror(Generic[M]):
     async def _watch(self) -> None:
         reconnected = asyncio.Event()
         self.table.reconnects.listen(reconnected)
+        newest = await self.table.last_revision()  # before the watch: the first pass delivers it (or a later one)
         watcher = await self.table.watch_all()
         try:
-            initial: set[str] = set()  # what this watch delivered before its end-of-records marker
-            first_pass = True
+            initial: set[str] = set()  # what this watch delivered in its first pass
+            first_pass, marked, delivered = True, False, 0
             while True:
                 try:
-                    entry = await self._next(watcher, reconnected)
+                    # after the marker, a short wait for the rest of the first pass
+                    entry = await self._next(watcher, reconnected,
+                                             END_GRACE_S if first_pass and marked else self.resync_s)
                 except nats.errors.TimeoutError:
-                    await self.resync()
-                    continue
+                    if first_pass and marked:  # the newest revision is gone from the stream: nothing more comes
+                        entry = None
+                        delivered = newest
+                    else:
+                        await self.resync()
+                        continue
                 except _Reconnected:  # the watch's consumer may be gone with the server: a new watch
                     log.info("NATS came back: watching %s again", self.table.bucket)
                     return
-                if entry is None:  # every record has been delivered once
+                if entry is not None:
+                    delivered = max(delivered, entry.revision or 0)
                     if first_pass:
-                        for key in set(self._records) - initial:
-                            self._drop(key)  # deleted while nobody watched
-                        first_pass = False
+                        initial.add(entry.key)
+                    self._apply(entry)
+                else:
+                    marked = True
+                if first_pass and marked and delivered >= newest:  # every record has been delivered once
+                    for key in set(self._records) - initial:
+                        self._drop(key)  # deleted while nobody watched
+                    first_pass = False
                     self.synced.set()
-                    continue
-                if entry.operation in _DELETES or entry.value is None:
-                    self.forget(entry.key, entry.revision or 0)
-                    self._changed()
-                    continue
-                try:
-                    record = wire.decode(self.table.model, entry.value)
-                except wire.WireError as exc:
-                    log.warning("ignoring %s in %s: %s", entry.key, self.table.bucket, exc)
-                    continue
-                if first_pass:
-                    initial.add(entry.key)
-                self.note(entry.key, record, entry.revision or 0, owned=True)
-                self._changed()
         finally:
             self.table.reconnects.forget(reconnected)
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
-    async def _next(self, watcher: KeyValue.KeyWatcher, reconnected: asyncio.Event) -> Any:
-        """The watch's next entry; nats' TimeoutError after ``resync_s``; _Reconnected when the
+    def _apply(self, entry: Any) -> None:
+        """One write or delete the watch delivered."""
+        if entry.operation in _DELETES or entry.value is None:
+            self.forget(entry.key, entry.revision or 0)
+            self._changed()
+            return
+        try:
+            record = wire.decode(self.table.model, entry.value)
+        except wire.WireError as exc:
+            log.warning("ignoring %s in %s: %s", entry.key, self.table.bucket, exc)
+            return
+        self.note(entry.key, record, entry.revision or 0, owned=True)
+        self._changed()
+
+    async def _next(self, watcher: KeyValue.KeyWatcher, reconnected: asyncio.Event, timeout: float) -> Any:
+        """The watch's next entry; nats' TimeoutError after `timeout` seconds; _Reconnected when the
         connection came back meanwhile."""
-        update = asyncio.ensure_future(watcher.updates(timeout=self.resync_s))  # type: ignore[no-untyped-call]
+        update = asyncio.ensure_future(watcher.updates(timeout=timeout))  # type: ignore[no-untyped-call]
         came_back = asyncio.ensure_future(reconnected.wait())
         try:
             await asyncio.wait({update, came_back}, return_when=asyncio.FIRST_COMPLETED)
