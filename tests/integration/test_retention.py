@@ -77,7 +77,6 @@ async def test_only_the_newest_checkpoints_stay(nats_url: str, tmp_path: Path, c
             assert not updates[-1].error, updates[-1].error
             taken.append(updates[-1].checkpoint.id)
             chunks_after.append(sum(1 for _ in store.backend.list("packs/")))
-        print("DEBUG", chunks_after, [sorted(store.read_manifest(job.id, c).packs()) for c in taken[-2:]])
         listed = [c.id for c in (await stub.ListCheckpoints(pb.JobRef(job="churn"))).checkpoints]
         assert listed == taken[-2:]
         assert sorted(store.list_checkpoints(job.id)) == sorted(taken[-2:])
