@@ -67,8 +67,7 @@ def cpu_by_kind(before: dict[int, tuple[str, float, float]],
     for pid, (kind, own, kids) in after.items():
         own0, kids0 = (before[pid][1], before[pid][2]) if pid in before else (0.0, 0.0)
         spent[kind] += own - own0
-        reaped = kids - kids0
-        spent["zygote" if kind == "zygote" else ("monitors and workloads" if kind not in OURS else kind)] += reaped
+        spent[kind if kind in OURS else "monitors and workloads"] += kids - kids0
     return dict(spent)
 
 
