@@ -13,8 +13,8 @@ Processes:
     starter (the caller's child)  validates, forks, waits for the monitor's report, then exits:
         0 and one JSON line {"pid": <workload host pid>, "shim_pid": <monitor pid>} on stdout, or
         1 and a one-line error on stderr (for restore, CRIU's log excerpt on the following lines).
-    intermediate                  setsid(), forks the monitor and exits at once.
-    monitor                       child subreaper, stdio on D/shim.log. launch: unshares a PID
+    monitor                       the starter's child, reparented when the starter exits; leads a
+        session of its own (setsid), child subreaper, stdio on D/shim.log. launch: unshares a PID
         namespace and forks the workload as its PID 1, in a private mount namespace with a /proc
         and a /dev of its own (``linux.mount_own_proc``, ``linux.private_dev``), each --hide
         folder (the node's secrets and data) under an empty tmpfs (``linux.hide_dirs``), and
@@ -198,24 +198,25 @@ def plan_restore(ns: argparse.Namespace) -> RestorePlan:
 
 
 def detach(job_dir: JobDir, monitor: Callable[[Report], int]) -> int:
-    """Run ``monitor`` in a detached grandchild; relay its report; return the starter's exit code."""
+    """Run ``monitor`` in a detached child (its own session); relay its report; return the starter's exit code."""
     job_dir.create()
     job_dir.clear_run_state()
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
+    # One fork, not the daemon's two: the monitor leads a session of its own (it opens no
+    # terminal), and is reparented when this starter exits, as a grandchild would have been when
+    # the intermediate did. The second fork was a tenth of a job's start on this machine.
+    if os.fork() == 0:
         code = 1
         try:
             os.close(r)
             os.setsid()
-            code = _monitor_main(job_dir, lambda msg: _write_and_close(w, msg), monitor) if os.fork() == 0 else 0
+            code = _monitor_main(job_dir, lambda msg: _write_and_close(w, msg), monitor)
         finally:
             os._exit(code)
     os.close(w)
-    os.waitpid(pid, 0)
-    chunks = []
+    chunks = []  # until the monitor reported and closed its end (its workload's copy closes on exec)
     while chunk := os.read(r, 65536):
         chunks.append(chunk)
     os.close(r)
