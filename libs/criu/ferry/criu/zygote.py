@@ -69,8 +69,7 @@ class ZygoteClient:
         try:
             await loop.sock_connect(conn, str(self.path))
             payload = json.dumps({"argv": list(argv)}).encode() + b"\n"
-            await loop.run_in_executor(None, lambda: conn.sendmsg(
-                [payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [devnull, out_w, err_w]))]))
+            await _send_with_fds(loop, conn, payload, [devnull, out_w, err_w])
             for fd in (devnull, out_w, err_w):
                 os.close(fd)
             devnull = out_w = err_w = -1
@@ -85,7 +84,7 @@ class ZygoteClient:
                 # checkpointer) or is paused must not make the caller start a second shim beside a
                 # starter that goes on, nor kill that starter: the job would run twice, or be
                 # restored here while the caller reports a failure.
-                out, err = await asyncio.gather(_drain(out_r), _drain(err_r))
+                out, err = await asyncio.gather(_drain(loop, out_r), _drain(loop, err_r))
                 starter = 0
             try:
                 async with asyncio.timeout(EXIT_WORD_S):
@@ -122,14 +121,60 @@ class _Lines:
         return doc
 
 
-async def _drain(fd: int) -> bytes:
-    return await asyncio.to_thread(_read_all, fd)
+async def _send_with_fds(loop: asyncio.AbstractEventLoop, conn: socket.socket, payload: bytes,
+                         fds: Sequence[int]) -> None:
+    """``payload`` on the non-blocking ``conn``, the descriptors with its first byte, waiting
+    in the loop (not a thread) while the socket is full."""
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+    while True:
+        try:
+            sent = conn.sendmsg([payload], rights)
+            break
+        except (BlockingIOError, InterruptedError):
+            await _writable(loop, conn.fileno())
+    if sent < len(payload):
+        await loop.sock_sendall(conn, payload[sent:])
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
+async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def writable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, writable)
+    try:
+        await ready
+    finally:
+        loop.remove_writer(fd)
+
+
+async def _drain(loop: asyncio.AbstractEventLoop, fd: int) -> bytes:
+    """Everything written to the pipe ``fd`` until its last writer closes it, read in the loop as
+    it comes (a thread per pipe cost more than the launch's other work in the node service)."""
+    os.set_blocking(fd, False)
+    chunks: list[bytes] = []
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if not ended.done():
+                ended.set_exception(exc)
+            return
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
     return b"".join(chunks)
 
 
