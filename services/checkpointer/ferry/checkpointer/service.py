@@ -454,7 +454,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             env = workload_env(open_env(job.env, self.env_key(), job.tenant))
             if job.gpu_uuids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpu_uuids)
-            taken = await asyncio.to_thread(port_taken, job, self.settings.node_netns)
+            # a thread only for the ports it publishes (a listing of the node's sockets)
+            taken = await asyncio.to_thread(port_taken, job, self.settings.node_netns) if job.publish else None
             if taken:
                 raise UsageError(taken)
             if job.container:  # the job's own bundle; the container's environment is the image's plus --env
