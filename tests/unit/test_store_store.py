@@ -321,3 +321,18 @@ def test_an_ended_jobs_output_is_kept_apart_from_its_checkpoints(tmp_path: Path)
     store.delete_job("j1")  # goes with the job's checkpoints
     with pytest.raises(ObjectNotFound):
         store.read_output("j1", "stdout", 0, 100)
+
+
+def test_output_that_is_all_empty_is_not_written_and_leaves_no_older_one(tmp_path: Path) -> None:
+    store = CheckpointStore(LocalBackend(tmp_path / "store"), workers=1)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "stdout").write_bytes(b"first run\n")
+    store.write_output(job="j1", src_dir=job_dir)
+    assert store.read_output("j1", "stdout", 0, 100) == b"first run\n"
+    (job_dir / "stdout").write_bytes(b"")  # it ran again, printed nothing and ended
+    (job_dir / "stderr").write_bytes(b"")
+    store.write_output(job="j1", src_dir=job_dir)
+    with pytest.raises(ObjectNotFound):  # what a reader takes for no output (the node service: b"")
+        store.read_output("j1", "stdout", 0, 100)
+    assert not [k for k in store.backend.list("") if "/output" in k]

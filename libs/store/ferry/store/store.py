@@ -185,9 +185,12 @@ class CheckpointStore:
                      files: Sequence[str] = ("stdout", "stderr")) -> None:
         """Keeps an ended job's output (its stdout and stderr files in ``src_dir``) in the store,
         sealed like its checkpoints, under the reserved id ``OUTPUT``: readable after its node is
-        gone (``read_output``). A newer one replaces it (a job restored after it ended)."""
+        gone (``read_output``). A newer one replaces it (a job restored after it ended). Output
+        that is all empty is not written: it reads as none kept (an older one is removed)."""
         present = [f for f in files if (src_dir / f).is_file()]
         self.backend.delete(manifest_key(job, OUTPUT))
+        if all((src_dir / f).stat().st_size == 0 for f in present):
+            return
         self.write_checkpoint(job=job, tenant=tenant, checkpoint=OUTPUT, parent=None, src_dir=src_dir,
                               files=present, meta={"kind": "output"})
 
