@@ -75,10 +75,12 @@ def _read_model(path: Path, model: type[_M]) -> _M | None:
 class JobDir:
     """A node-local directory for one job."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, canonical: bool = False) -> None:
         # Canonical (symlinks resolved), as the kernel names the files the workload has open: CRIU
-        # records those names, and a restore maps them back with --inherit-fd.
-        self.path = Path(path).resolve()
+        # records those names, and a restore maps them back with --inherit-fd. `canonical`: the
+        # caller's path is already (a folder it made in a resolved one), so no lookups are made;
+        # a node service names its jobs' folders many times a second in a burst of submits.
+        self.path = Path(path) if canonical else Path(path).resolve()
 
     def __repr__(self) -> str:
         return f"JobDir({str(self.path)!r})"

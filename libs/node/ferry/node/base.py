@@ -34,6 +34,7 @@ META_FILE = "ferry.json"
 NODE_ACK_WAIT_S = 12.0
 """A node command a dead service held goes to its successor after this long; handlers that work
 longer tell JetStream so every third of it (keep_alive)."""
+REPORT_FIRST_WAIT_S = 0.2  # after a report NATS did not take; then doubling, to 5 s
 
 # Variables of the node service that a workload must not inherit.
 _PRIVATE_ENV_PREFIXES = ("FERRY_", "NATS_", "OTEL_")
@@ -47,7 +48,7 @@ class NodeService(Service):
             raise ConfigError("no node id: pass --node or set FERRY_NODE_ID")
         self.node_id = self.settings.node_id
         self.work_dir = self.settings.node_work_dir().resolve()
-        self.jobs_dir = self.work_dir / "jobs"
+        self.jobs_dir = self.work_dir / "jobs"  # canonical: its job folders are named without lookups
         self.scratch_dir = scratch_dir(self.settings.scratch_dir, self.work_dir, self.node_id)
         for d in (self.jobs_dir, self.scratch_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -85,7 +86,7 @@ class NodeService(Service):
 
     def job_dir(self, job_id: str) -> JobDir:
         wire.token(job_id)
-        return JobDir(self.jobs_dir / job_id)
+        return JobDir(self.jobs_dir / job_id, canonical=True)  # a token's folder in the resolved work dir
 
     async def report(self, event: wire.NodeEvent) -> None:
         """Publishes a node event; retried until NATS takes it (the scheduler must hear it)."""
@@ -95,14 +96,20 @@ class NodeService(Service):
         def log_retry(state: tenacity.RetryCallState) -> None:
             log.warning("cannot report %s yet: %s", event.kind, state.outcome.exception() if state.outcome else "")
 
-        # a draining service gives up once the waits reached their longest (about 10 s in all)
-        retrying = tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0), reraise=True, before_sleep=log_retry,
-            stop=lambda state: self.stopping.is_set() and state.attempt_number > 6)
-
         async def publish() -> None:
             await bus.publish(wire.node_event_subject(self.node_id, event.kind), event, msg_id=event.id)
 
+        # the first try without tenacity, whose machinery cost more CPU than the publish itself
+        try:
+            await publish()
+            return
+        except Exception as exc:  # as tenacity would retry it
+            log.warning("cannot report %s yet: %s", event.kind, exc)
+        await asyncio.sleep(REPORT_FIRST_WAIT_S)
+        # a draining service gives up once the waits reached their longest (about 10 s in all)
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=2 * REPORT_FIRST_WAIT_S, max=5.0), reraise=True,
+            before_sleep=log_retry, stop=lambda state: self.stopping.is_set() and state.attempt_number > 5)
         await retrying(publish)
 
     def progress_reporter(self, op: str | None, phase: str) -> Callable[[int, int], None]:

@@ -101,6 +101,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         self.gpu_report = GpuReport()
         self.usage = UsageSampler()
         self.jobs_seen: Mirror[Job] | None = None  # the jobs as run() follows them (their tenants)
+        self.waiting: set[asyncio.Event] = set()  # what the loops in until_change wait on
         self.jobnet = NodeNetwork(self.settings.job_network, self.settings.node_netns)
         self.net_error = await asyncio.to_thread(self.jobnet.ensure)
         if self.net_error:
@@ -130,6 +131,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                 self.notice_loop(),
                 self.jobnet_loop(jobs),
                 self.expiry_loop(jobs),
+                self.wake_on_stop(),
             )
         finally:
             await jobs.close()
@@ -137,15 +139,28 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     async def until_change(self, changed: asyncio.Event, timeout: float | None = None, settle_s: float = 0.0) -> None:
         """Returns when `changed` is set, the service stops, or `timeout` seconds passed; after a
         change, `settle_s` later, so that a burst of changes (a thousand submits) costs one pass
-        over every job, not one per change."""
-        stop = asyncio.create_task(self.stopping.wait())
-        change = asyncio.create_task(changed.wait())
-        done, _ = await asyncio.wait({stop, change}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stop, change):
-            task.cancel()
-        if change in done and settle_s > 0:
+        over every job, not one per change. The stop sets `changed` (``wake_on_stop``): waiting
+        on one event makes no task (three loops wake here for every change of a job record)."""
+        if self.stopping.is_set():
+            return
+        self.waiting.add(changed)
+        try:
+            async with asyncio.timeout(timeout):
+                await changed.wait()
+        except TimeoutError:
+            return
+        finally:
+            self.waiting.discard(changed)
+        if settle_s > 0 and not self.stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), settle_s)
+                async with asyncio.timeout(settle_s):
+                    await self.stopping.wait()
+
+    async def wake_on_stop(self) -> None:
+        """Wakes every loop waiting in ``until_change`` when the service stops."""
+        await self.stopping.wait()
+        for changed in list(self.waiting):
+            changed.set()
 
     async def expiry_loop(self, jobs: Mirror[Job]) -> None:
         """Deletes the checkpoints of the jobs that ended on this node `keep_ended_s` ago
@@ -200,7 +215,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         """The jobs whose workload runs on this node now, with their shims' records."""
         out = {}
         for d in self.settled.unsettled():
-            jd = JobDir(d)
+            jd = JobDir(d, canonical=True)
             shim = jd.read_shim()
             if shim and jd.read_exit() is None and alive(shim.pid):
                 out[d.name] = shim
@@ -305,7 +320,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         assert self.bus is not None
         for job_id, shim in local.items():
             job = await self.bus.jobs.get(job_id)
-            if job is None or self.in_live_move(job, JobDir(self.jobs_dir / job_id)):
+            if job is None or self.in_live_move(job, JobDir(self.jobs_dir / job_id, canonical=True)):
                 continue  # a live move's frozen source waits for the target's last page
             # the incarnation is the fencing token: any start elsewhere bumped it
             if job.state in TERMINAL_STATES or job.incarnation != shim.incarnation:
@@ -373,7 +388,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
 
     async def report_exit(self, d: Path) -> None:
         """Reports the exit in job folder ``d`` once; follows its monitor while there is none."""
-        jd = JobDir(d)
+        jd = JobDir(d, canonical=True)
         ex = jd.read_exit()
         if ex is None:
             shim = jd.read_shim()
