@@ -27,3 +27,24 @@ async def test_a_write_to_the_key_wakes_the_watcher_and_others_do_not(nats_url: 
         assert not changed.is_set(), "the watch outlived its block"
     finally:
         await bus.close()
+
+
+async def test_the_watcher_keeps_the_record_each_write_carries_and_a_delete_removes_it(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url, "test")
+    try:
+        latest: dict[str, Op] = {}
+        async with bus.ops.watching("op-3", latest=latest) as changed:
+            for phase in ("dump", "upload"):  # the newest of two writes is what stays
+                await bus.ops.put("op-3", Op(id="op-3", kind=OpKind.CHECKPOINT, job="j", phase=phase))
+            await asyncio.wait_for(changed.wait(), 5)
+            for _ in range(50):
+                if latest.get("op-3") is not None and latest["op-3"].phase == "upload":
+                    break
+                await asyncio.sleep(0.05)
+            assert latest["op-3"].phase == "upload", latest
+            changed.clear()
+            await bus.ops.delete("op-3")
+            await asyncio.wait_for(changed.wait(), 5)
+            assert "op-3" not in latest, latest
+    finally:
+        await bus.close()

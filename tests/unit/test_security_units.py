@@ -128,6 +128,8 @@ def test_quotas_and_admin_only_calls(tmp_path: Path) -> None:
     with pytest.raises(QuotaExceeded, match="memory"):
         tenants.check_quota("acme", usage, cpus=0, memory=600 << 20, gpus=0)
     tenants.check_quota("globex", usage, cpus=1000, memory=0, gpus=8)  # no quota: no limit
+    # what the API asks before it counts a tenant's jobs: only a tenant with a limit pays for that
+    assert tenants.quota("acme").limited and not tenants.quota("globex").limited
     user = Principal(tenant="acme", role=Role.USER, who="ci")
     with pytest.raises(PermissionDenied, match="draining a node is for admins"):
         user.require_admin("draining a node")

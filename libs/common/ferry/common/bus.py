@@ -162,7 +162,8 @@ class Table(Generic[M]):
             raise BusError(f"cannot watch {self._bucket}: {describe(exc)}") from exc
 
     @contextlib.asynccontextmanager
-    async def watching(self, key: str, changed: asyncio.Event | None = None) -> AsyncIterator[asyncio.Event]:
+    async def watching(self, key: str, changed: asyncio.Event | None = None,
+                       latest: dict[str, M] | None = None) -> AsyncIterator[asyncio.Event]:
         """An event that is set each time `key` (">": any key) is written or deleted, for as long as
         the block runs.
 
@@ -170,16 +171,27 @@ class Table(Generic[M]):
         ``$KV.<bucket>.<key>``): no consumer to create, and NATS re-subscribes it after a
         reconnect. The caller clears the event and reads the record; a write made before the
         subscription is not signalled, so read once after entering. `changed`: an event of the
-        caller's to set (one it also sets for other wake-ups), else a new one."""
+        caller's to set (one it also sets for other wake-ups), else a new one. `latest`: where the
+        record each write carries is kept by key, newest last (a delete or an undecodable one
+        removes it), so that the caller can take it instead of reading it back; a write missed
+        while the connection was away is not there, so a caller still reads now and then."""
         changed = changed if changed is not None else asyncio.Event()
         if self._nc is None:
             raise BusError(f"cannot watch {key} in {self._bucket}: no connection")
+        prefix = f"$KV.{self._bucket}."
 
         async def on_write(msg: Msg) -> None:
+            if latest is not None:
+                written = msg.subject.removeprefix(prefix)
+                record = self._carried(msg)
+                if record is None:
+                    latest.pop(written, None)
+                else:
+                    latest[written] = record
             changed.set()
 
         try:
-            subject = f"$KV.{self._bucket}.{'>' if key == '>' else wire.token(key)}"
+            subject = f"{prefix}{'>' if key == '>' else wire.token(key)}"
             sub = await self._nc.subscribe(subject, cb=on_write)
         except nats.errors.Error as exc:
             raise BusError(f"cannot watch {key} in {self._bucket}: {describe(exc)}") from exc
@@ -188,6 +200,15 @@ class Table(Generic[M]):
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    def _carried(self, msg: Msg) -> M | None:
+        """The record a KV subject's message carries; None for a delete or purge (or bad data)."""
+        if not msg.data or (msg.headers or {}).get("KV-Operation"):
+            return None
+        try:
+            return wire.decode(self._model, msg.data)
+        except wire.WireError:
+            return None
 
     async def get(self, key: str) -> M | None:
         found = await self.get_rev(key)

@@ -54,6 +54,11 @@ class Quota(BaseModel):
     gpus: int | None = Field(default=None, ge=0)
     jobs: int | None = Field(default=None, ge=0)
 
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set (a submit then counts the tenant's jobs that have not ended)."""
+        return any(v is not None for v in (self.cpus, self.memory, self.gpus, self.jobs))
+
 
 class Usage(BaseModel):
     cpus: float = 0.0
