@@ -102,6 +102,8 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         self.usage = UsageSampler()
         self.jobs_seen: Mirror[Job] | None = None  # the jobs as run() follows them (their tenants)
         self.waiting: set[asyncio.Event] = set()  # what the loops in until_change wait on
+        # the folders every launch hides from its workload: its settings' paths, resolved once
+        self.hidden = hidden_from_jobs(self.settings, self.scratch_dir)
         self.jobnet = NodeNetwork(self.settings.job_network, self.settings.node_netns)
         self.net_error = await asyncio.to_thread(self.jobnet.ensure)
         if self.net_error:
@@ -477,7 +479,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                 await asyncio.to_thread(prepare_bundle, jd, bundle=job.bundle, image=job.image, argv=job.argv,
                                         env=open_env(job.env, self.env_key(), job.tenant))
             info = await launch(jd, job.argv, cwd=job.cwd, env=env, incarnation=cmd.incarnation,
-                                hide=hidden_from_jobs(self.settings, self.scratch_dir), network=job.network.value,
+                                hide=self.hidden, network=job.network.value,
                                 link=job_link(job, self.settings.job_network, self.settings.node_netns),
                                 container=job.container, here=job.name if job.here else None, zygote=self.zygote)
         except (LaunchFailed, SealError, ConfigError, UsageError, OSError, ValueError) as exc:
