@@ -6,8 +6,9 @@ into its copy at once. What only reads (placement, the checks of a submit, the t
 the jobs that have not ended (``live_jobs``) or looks one up by name (``job_named``) without a
 copy, so that their cost does not grow with the cluster's history of finished jobs; what changes a
 job gets a copy (``job``, ``find_job``, ``gang_jobs``). It keeps no state that KV does not also
-hold, so a restarted scheduler picks up exactly where the last one stopped. Ops and checkpoints
-are read from KV when needed.
+hold, so a restarted scheduler picks up exactly where the last one stopped. Checkpoints are read
+from KV when needed; so are ops, except those it wrote itself lately (``OpsWritten``): after the
+API or the autoscaler created an op, the scheduler is its only writer.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from ferry.common import wire
@@ -48,9 +50,33 @@ class _TakenAddresses:
         return isinstance(address, str) and self._state.address_taken(address)
 
 
+class OpsWritten:
+    """The ops the scheduler wrote lately, as written (a copy in, a copy out), so that reading one
+    back costs no KV request: a submit's op was read twice more after its first write. Bounded
+    (the oldest go first); an op whose write failed is forgotten (KV has the truth)."""
+
+    def __init__(self, most: int = 4096) -> None:
+        self.most = most
+        self._ops: OrderedDict[str, Op] = OrderedDict()
+
+    def get(self, op_id: str) -> Op | None:
+        op = self._ops.get(op_id)
+        return op.model_copy(deep=True) if op is not None else None
+
+    def wrote(self, op: Op) -> None:
+        self._ops[op.id] = op.model_copy(deep=True)
+        self._ops.move_to_end(op.id)
+        while len(self._ops) > self.most:
+            self._ops.popitem(last=False)
+
+    def forget(self, op_id: str) -> None:
+        self._ops.pop(op_id, None)
+
+
 class ClusterState:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        self._ops = OpsWritten()
         self._jobs = Mirror(bus.jobs, live=lambda j: not j.terminal, unique=lambda j: j.name, tokens=job_tokens)
         self._nodes = Mirror(bus.nodes)
         self._prices = Mirror(bus.prices)
@@ -150,11 +176,17 @@ class ClusterState:
             log.warning("could not publish event %s: %s", event.kind, exc)
 
     async def op(self, op_id: str) -> Op | None:
-        return await self.bus.ops.get(op_id)
+        written = self._ops.get(op_id)
+        return written if written is not None else await self.bus.ops.get(op_id)
 
     async def save_op(self, op: Op) -> None:
         op.updated = now()
-        await self.bus.ops.put(op.id, op)
+        try:
+            await self.bus.ops.put(op.id, op)
+        except BaseException:  # written or not: the next read asks KV
+            self._ops.forget(op.id)
+            raise
+        self._ops.wrote(op)
 
     async def finish_op(self, op_id: str | None, *, error: str | None = None, error_code: int = 1,
                         error_kind: str = "", job: Job | None = None, **fields: object) -> None:
