@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from ferry.criu.fdwait import until_ready
 from ferry.criu.jobdir import JobDir, write_json_atomic
 from ferry.criu.lazy_common import LiveMoveFailed, transferred_pages
 from ferry.criu.runner import kill_tree
@@ -75,18 +76,9 @@ async def _wait_exit(pid: int) -> None:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def exited() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(fd, exited)
     try:
-        await done
+        await until_ready(fd)
     finally:
-        loop.remove_reader(fd)
         os.close(fd)
 
 

@@ -36,6 +36,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ferry.criu.fdwait import until_ready
+
 FDS = 3  # the starter's stdin, stdout and stderr
 EXIT_WORD_S = 2.0  # how long the zygote may take to report a starter that closed its output
 
@@ -84,7 +86,7 @@ class ZygoteClient:
                 # checkpointer) or is paused must not make the caller start a second shim beside a
                 # starter that goes on, nor kill that starter: the job would run twice, or be
                 # restored here while the caller reports a failure.
-                out, err = await asyncio.gather(_drain(loop, out_r), _drain(loop, err_r))
+                out, err = await asyncio.gather(_drain(out_r), _drain(err_r))
                 starter = 0
             try:
                 async with asyncio.timeout(EXIT_WORD_S):
@@ -131,51 +133,25 @@ async def _send_with_fds(loop: asyncio.AbstractEventLoop, conn: socket.socket, p
             sent = conn.sendmsg([payload], rights)
             break
         except (BlockingIOError, InterruptedError):
-            await _writable(loop, conn.fileno())
+            await until_ready(conn.fileno(), writable=True)
     if sent < len(payload):
         await loop.sock_sendall(conn, payload[sent:])
 
 
-async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def writable() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_writer(fd, writable)
-    try:
-        await ready
-    finally:
-        loop.remove_writer(fd)
-
-
-async def _drain(loop: asyncio.AbstractEventLoop, fd: int) -> bytes:
+async def _drain(fd: int) -> bytes:
     """Everything written to the pipe ``fd`` until its last writer closes it, read in the loop as
     it comes (a thread per pipe cost more than the launch's other work in the node service)."""
     os.set_blocking(fd, False)
     chunks: list[bytes] = []
-    ended: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
+    while True:
         try:
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
+            chunk = os.read(fd, 65536)
         except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            if not ended.done():
-                ended.set_exception(exc)
-            return
-        if not ended.done():
-            ended.set_result(None)
-
-    loop.add_reader(fd, readable)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(fd)
-    return b"".join(chunks)
+            await until_ready(fd)
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 # -- the process -------------------------------------------------------------------------------
