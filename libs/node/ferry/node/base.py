@@ -17,7 +17,6 @@ from ferry.common import wire
 from ferry.common.bus import keep_alive
 from ferry.common.config import Settings
 from ferry.common.errors import ConfigError
-from ferry.common.retrying import try_then_retry
 from ferry.common.service import Service
 from ferry.common.tracing import extract, tracer
 from ferry.criu.jobdir import JobDir
@@ -100,14 +99,18 @@ class NodeService(Service):
         async def publish() -> None:
             await bus.publish(wire.node_event_subject(self.node_id, event.kind), event, msg_id=event.id)
 
-        def policy() -> tenacity.AsyncRetrying:  # the tries after the first (ferry.common.retrying)
-            # a draining service gives up once the waits reached their longest (about 10 s in all)
-            return tenacity.AsyncRetrying(
-                wait=tenacity.wait_exponential(multiplier=2 * REPORT_FIRST_WAIT_S, max=5.0), reraise=True,
-                before_sleep=log_retry, stop=lambda state: self.stopping.is_set() and state.attempt_number > 5)
-
-        await try_then_retry(publish, retryable=Exception, first_wait_s=REPORT_FIRST_WAIT_S, policy=policy,
-                             first_failed=lambda exc: log.warning("cannot report %s yet: %s", event.kind, exc))
+        # the first try without tenacity, whose machinery cost more CPU than the publish itself
+        try:
+            await publish()
+            return
+        except Exception as exc:  # as tenacity would retry it
+            log.warning("cannot report %s yet: %s", event.kind, exc)
+        await asyncio.sleep(REPORT_FIRST_WAIT_S)
+        # a draining service gives up once the waits reached their longest (about 10 s in all)
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=2 * REPORT_FIRST_WAIT_S, max=5.0), reraise=True,
+            before_sleep=log_retry, stop=lambda state: self.stopping.is_set() and state.attempt_number > 5)
+        await retrying(publish)
 
     def progress_reporter(self, op: str | None, phase: str) -> Callable[[int, int], None]:
         """A thread-safe callback(done, total) that publishes throttled progress for `op`."""

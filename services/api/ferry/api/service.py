@@ -38,7 +38,6 @@ from ferry.common.models import (
     OpKind,
     new_id,
 )
-from ferry.common.retrying import try_then_retry
 from ferry.common.sealing import read_key, seal_env
 from ferry.common.service import Service, service_main
 from ferry.common.tenancy import Tenants, Usage
@@ -56,7 +55,6 @@ DRAIN_SETTLED = frozenset({JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAIL
 AUDIT_LIMIT_MAX = 10_000
 AUTOSCALE_KEY = "policy"  # the one record of ferry_autoscale (the autoscaler reads it)
 OP_RECHECK_S = 2.0  # an op whose writes the watch missed (the bus reconnected) is read again after this
-UNTIL_WAIT_S = 0.3  # between tries of a command the bus did not take (it answers again within seconds)
 Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
 
 class AdminServicer(pb_grpc.FerryAdminServicer):
@@ -179,8 +177,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
                     # the op's next write or progress; a write missed while the bus reconnected is
                     # still seen after OP_RECHECK_S
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(OP_RECHECK_S):  # no task per wait, as wait_for makes
-                            await wake.wait()
+                        await asyncio.wait_for(wake.wait(), OP_RECHECK_S)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -192,12 +189,9 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         async def once() -> None:
             await attempt()
 
-        def policy() -> tenacity.AsyncRetrying:  # the tries after the first (ferry.common.retrying)
-            return tenacity.AsyncRetrying(
-                retry=tenacity.retry_if_exception_type(BusError), wait=tenacity.wait_fixed(UNTIL_WAIT_S),
-                reraise=True, stop=lambda _: time.monotonic() > deadline)
-
-        await try_then_retry(once, retryable=BusError, first_wait_s=UNTIL_WAIT_S, policy=policy)
+        await tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(BusError), wait=tenacity.wait_fixed(0.3), reraise=True,
+            stop=lambda _: time.monotonic() > deadline)(once)
 
     async def final_update(self, op: Op) -> pb.OpUpdate:
         """The op's last update. The scheduler writes the job and the checkpoint as they ended

@@ -7,7 +7,6 @@ import tenacity
 
 from ferry.common import wire
 from ferry.common.bus import BusError
-from ferry.common.retrying import try_then_retry
 from ferry.scheduler.ops.gang import GangStep, SaveGang
 from ferry.scheduler.ops.step import Emit, SaveJob, SaveOp, Send, Step
 from ferry.scheduler.state import ClusterState
@@ -57,16 +56,9 @@ class Effects:
             log.warning("cannot send %s of %s yet: %s", cmd.kind, cmd.job.name,
                         state.outcome.exception() if state.outcome else "")
 
-        def policy() -> tenacity.AsyncRetrying:  # the tries after the first (ferry.common.retrying)
-            return tenacity.AsyncRetrying(retry=tenacity.retry_if_exception_type(BusError), reraise=True,
-                                          wait=tenacity.wait_exponential(multiplier=2 * SEND_RETRY_WAIT_S, max=4.0),
+        # the message id makes a command that did arrive before its ack was lost arrive once
+        retrying = tenacity.AsyncRetrying(retry=tenacity.retry_if_exception_type(BusError), reraise=True,
+                                          wait=tenacity.wait_exponential(multiplier=SEND_RETRY_WAIT_S, max=4.0),
                                           stop=tenacity.stop_after_delay(SEND_RETRY_S), before_sleep=log_retry)
-
         subject = wire.node_cmd_subject(cmd.job.node, service)
-
-        async def publish() -> None:  # the message id makes a command whose ack was lost arrive once
-            await self.state.bus.publish(subject, cmd, msg_id=cmd.id)
-
-        await try_then_retry(publish, retryable=BusError, first_wait_s=SEND_RETRY_WAIT_S, policy=policy,
-                             first_failed=lambda exc: log.warning("cannot send %s of %s yet: %s", cmd.kind,
-                                                                  cmd.job.name, exc))
+        await retrying(self.state.bus.publish, subject, cmd, msg_id=cmd.id)
