@@ -136,9 +136,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def running_copies(argv: list[str]) -> tuple[int, int]:
+def running_copies(argv: list[str], seen: list[str] | None = None) -> tuple[int, int]:
     """(processes running exactly `argv`, those of them stopped), but for this process's own
-    children: the uninterrupted reference runs of the same command."""
+    children: the uninterrupted reference runs of the same command. `seen`: where each running
+    one is described (pid, parent, state, start in clock ticks since boot), for a report."""
     want = "\0".join(argv).encode() + b"\0"
     running = stopped = 0
     for d in Path("/proc").iterdir():
@@ -147,28 +148,36 @@ def running_copies(argv: list[str]) -> tuple[int, int]:
         try:
             if (d / "cmdline").read_bytes() != want:
                 continue
-            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
+        state, ppid = fields[:2]
         if int(ppid) == os.getpid():
             continue
         if state in ("T", "t"):
             stopped += 1
         elif state != "Z":
             running += 1
+            if seen is not None:
+                seen.append(f"pid {d.name} ppid {ppid} state {state} started {fields[19]}")
     return running, stopped
 
 
 class Sampler(threading.Thread):
     """Counts the running copies of a command every 0.1 s; remembers the most seen at once."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], t0: float) -> None:
         super().__init__(daemon=True)
-        self.argv, self.most, self.done = argv, 0, threading.Event()
+        self.argv, self.t0, self.most, self.done = argv, t0, 0, threading.Event()
+        self.first_many: list[str] = []  # the copies of the first sample with more than one: which they were
 
     def run(self) -> None:
         while not self.done.wait(0.1):
-            self.most = max(self.most, running_copies(self.argv)[0])
+            seen: list[str] = []
+            count = running_copies(self.argv, seen)[0]
+            if count > 1 and not self.first_many:
+                self.first_many = [f"at {time.monotonic() - self.t0:.1f}s", *seen]  # the log's clock
+            self.most = max(self.most, count)
 
 
 def _running(pid: int) -> bool:
@@ -297,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 argv = workload(i)
                 key = tuple(argv)
                 name = f"chaos-{i}"
-                sampler = Sampler(argv)
+                sampler = Sampler(argv, t0)
                 sampler.start()
                 c.ferry("run", "--name", name, "--checkpoint-every", "2s", "--network", "host", "--", *argv)
                 for _ in range(per_job[i]):
@@ -338,7 +347,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     counts[verdict] += 1
                 jobs.append({"job": name, "workload": Path(argv[1]).name, "verdict": verdict,
                              "state": status.get("state"), "restarts": status.get("restarts"),
-                             "most_copies": sampler.most, "left_running_stopped": left,
+                             "most_copies": sampler.most, "first_many": sampler.first_many,
+                             "left_running_stopped": left,
                              "faults": per_job[i]})
         finally:
             c.stop()
@@ -369,6 +379,8 @@ def main() -> None:
     for j in report["results"]:
         print(f"{j['job']:9} {j['workload']:10} {j['verdict']:10} restarts {j['restarts']}, "
               f"most copies at once {j['most_copies']}, {j['faults']} faults")
+        if j["first_many"]:
+            print(f"{'':9} more than one at once: " + "; ".join(j["first_many"]))
     n = report["counts"]
     print(f"\n{args.faults} faults over {args.jobs} jobs (seed {args.seed}): lost {n['lost']}, duplicated "
           f"{n['duplicated']}, stuck {n['stuck']}, corrupt {n['corrupt']}; by kind {report['by_kind']}")
