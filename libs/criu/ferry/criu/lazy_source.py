@@ -45,6 +45,7 @@ from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.progress import last_write
 from ferry.criu.runner import DUMP_LOG, DUMP_MOUNTS
 from ferry.criu.sizes import read_sizes, write_size_script
+from ferry.criu.treekill import kill_tree
 from ferry.criu.veth import HostEnd
 
 __all__ = ["Frozen", "LazySource"]
@@ -176,18 +177,13 @@ class LazySource:
             await self.dump.kill()
         if rc != 0:
             log.warning("criu dump exited %s after the transfer; see %s", rc, self.dump.log_path)
-        pids = tree_pids(self.pid) or [self.pid]
         if self.host_end is not None:
             try:
                 await asyncio.to_thread(self.host_end.delete)
             except OSError as exc:
                 log.warning("live move: the source's veth: %s", exc)
-        signal_all(pids, signal.SIGKILL)
-        deadline = time.monotonic() + END_TIMEOUT_S
-        while not is_gone(self.pid):
-            if time.monotonic() > deadline:
-                raise LiveMoveFailed(f"the source pid {self.pid} did not end after SIGKILL", source_running=True)
-            await asyncio.sleep(0.005)
+        if await kill_tree(self.pid, END_TIMEOUT_S):
+            raise LiveMoveFailed(f"the source pid {self.pid} did not end after SIGKILL", source_running=True)
         self.dump.close()
 
     async def resume(self) -> bool:

@@ -17,6 +17,7 @@ from ferry.common.bus import Bus
 from ferry.common.config import Settings
 from ferry.common.models import Job
 from ferry.criu.jobdir import JobDir
+from ferry.criu.treekill import kill_tree
 from ferry.node.bridge import GANG_LOCK_MARKER, host_end
 from ferry.node.procs import alive, signal_tree
 
@@ -72,7 +73,7 @@ class GangMember:
                     (jd.path / f"stop-{cmd.incarnation}").write_text(cmd.checkpoint or "")
                     if end is not None:
                         await asyncio.to_thread(end.delete)
-                    signal_tree(shim.pid, signal.SIGKILL)
+                    await kill_tree(shim.pid)  # ended before gang_released says so
                 else:  # a member dumped for a `--stop` that was undone waits stopped: it runs on
                     if end is not None:
                         await asyncio.to_thread(end.block, False)

@@ -31,6 +31,7 @@ from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
 from ferry.criu.lazy_source import LazySource
 from ferry.criu.linux import is_gone
 from ferry.criu.runner import job_criu_args
+from ferry.criu.treekill import kill_tree
 from ferry.node.base import LOGS_DIR, NodeService, page_tls, snapshot_logs
 from ferry.node.bridge import host_end
 from ferry.node.procs import alive, signal_tree
@@ -165,7 +166,7 @@ class LiveSource(NodeService):
             else:
                 shim = jd.read_shim()
                 if shim is not None and shim.incarnation == cmd.incarnation and alive(shim.pid):
-                    signal_tree(shim.pid, signal.SIGKILL)
+                    await kill_tree(shim.pid)
         except (CriuError, OSError) as exc:
             log.warning("ending the source of %s: %s", cmd.job.name, exc)
         (jd.path / LIVE_MARKER).unlink(missing_ok=True)

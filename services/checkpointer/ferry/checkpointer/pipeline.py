@@ -33,6 +33,7 @@ from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
 from ferry.criu.runner import CriuRunner, DumpResult, job_criu_args
 from ferry.criu.sockets import read_sockets
+from ferry.criu.treekill import kill_tree
 from ferry.gpu.compat import snapshot_of
 from ferry.gpu.cuda_checkpoint import (
     CudaCheckpointer,
@@ -118,7 +119,7 @@ class CheckpointPipeline:
                 continue
             if committed:
                 log.warning("%s: checkpoint %s committed before a restart; finishing the stop", d.name, checkpoint)
-                signal_tree(shim.pid, signal.SIGKILL)
+                await kill_tree(shim.pid)
             else:
                 log.warning("%s: its stop checkpoint %s did not commit before a restart; it runs on",
                             d.name, checkpoint or "-")
@@ -326,7 +327,8 @@ class CheckpointPipeline:
         record.bytes_stored = result.bytes_stored
         record.bytes_uploaded = result.bytes_uploaded
         if cmd.stop and not cmd.hold:  # held: a gang member waits, stopped, for its group (gang_release)
-            signal_tree(pid, signal.SIGKILL)
+            # ended before the commit is reported: the job may be started again at once, maybe here
+            await kill_tree(pid)
 
 
 def _expire(store: CheckpointStore, job: str) -> list[str]:
