@@ -1,7 +1,7 @@
 """What a move costs the job: seconds of progress lost against the same job unmoved, for a naive
 stop-and-copy with raw CRIU, `ferry migrate` (cold) and `ferry migrate --live`, in one run.
 
-    .venv/bin/python bench/lost.py [--workloads train,memhog] [--repeat 3] [--modes naive,cold,live]
+    .venv/bin/python bench/lost.py [--workloads train,memhog] [--repeat 3] [--modes naive,cold,live,live-fresh]
                                    [--json PATH] [--md PATH] [--dir DIR] [--keep]
 
 Workloads (each under the wrapper of bench/movebench, which stamps every line the job prints on
@@ -14,6 +14,12 @@ Each move takes the job from "node-1" to "node-2" once it printed ``BEFORE`` lin
 bench/migrate.py does it (``criu dump``, copy every image, ``criu restore``, the job launched the way
 Ferry launches), cold and live through the real CLI against a real ``ferry up --nodes 2``. Then it
 runs until it printed ``AFTER`` more lines after the move command returned.
+
+``live-fresh`` is the live move of a job that checkpoints periodically (``--checkpoint-every
+FRESH_EVERY``) and has a checkpoint younger than that interval: the scheduler then takes no pre-copy
+round (``ferry.scheduler.ops.live_move``), that checkpoint being the fallback. The checkpoint is
+taken (``ferry checkpoint``) after ``FRESH_AT`` lines, and ``BEFORE`` lines are counted after it, so
+its own freeze is outside the lines that measure the move.
 
 Measured from the job's own output, not estimated: its speed unmoved is the mean period of its
 last ``PERIOD_LINES`` lines before the move and of its last ``PERIOD_LINES`` lines at the end (both
@@ -63,11 +69,13 @@ WORKLOADS = {
     "train": [str(ROOT / "examples" / "train.py"), "--steps", "100000", "--sleep", "0", "--width", "65536"],
     "memhog": [str(ROOT / "examples" / "memhog.py"), "--mib", "1024", "--dirty-pct", "5", "--interval", "0.2"],
 }
-MODES = ("naive", "cold", "live")
+MODES = ("naive", "cold", "live", "live-fresh")
+FRESH_EVERY = "10m"  # live-fresh: the job's checkpoint interval; its one checkpoint is taken well inside it
+FRESH_AT = 2  # live-fresh: lines the job prints before that checkpoint
 BEFORE = 14  # lines a job prints before it is moved
 PERIOD_LINES = 8  # its speed unmoved: the mean period of its last lines before the move
 AFTER = 14  # lines it prints after the move returned
-GOALS = {"live": 0.5, "cold": 1.0}  # issue 18: lost seconds against naive's
+GOALS = {"live": 0.5, "live-fresh": 0.5, "cold": 1.0}  # issue 18: lost seconds against naive's
 
 
 def lines(stderr: bytes) -> list[float]:
@@ -122,28 +130,34 @@ class LostBench(Bench):
         shutil.rmtree(base, ignore_errors=True)
         return {**got, "move_s": m.restored - m.started, "ferry_lost_s": None}
 
-    async def ferry_lost(self, tag: str, workload: str, live: bool) -> dict[str, Any]:
+    async def ferry_lost(self, tag: str, workload: str, mode: str) -> dict[str, Any]:
         c = self.cluster
         assert c is not None
-        await c.json("run", "--name", tag, "--node", "node-1", "--cwd", str(ROOT), "--network", "host", "--",
-                     *self.workload(workload))
+        fresh = mode == "live-fresh"
+        await c.json("run", "--name", tag, "--node", "node-1", "--cwd", str(ROOT), "--network", "host",
+                     *(["--checkpoint-every", FRESH_EVERY] if fresh else []), "--", *self.workload(workload))
 
         async def stderr() -> bytes:
             return (await c.cli("logs", tag, "--stream", "stderr")).encode()
 
-        deadline = time.monotonic() + 300
-        while len(lines(await stderr())) < BEFORE:
-            if time.monotonic() > deadline:
-                raise BenchError(f"timed out waiting for {BEFORE} lines of {tag}")
-            await asyncio.sleep(0.5)
+        async def lines_after(t: float, n: int, what: str) -> None:
+            deadline = time.monotonic() + 300
+            while len([x for x in lines(await stderr()) if x > t]) < n:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"timed out waiting for {n} lines of {tag} {what}")
+                await asyncio.sleep(0.5)
+
+        since = 0.0
+        if fresh:
+            await lines_after(since, FRESH_AT, "before its checkpoint")
+            await c.json("checkpoint", tag, timeout=900)
+            since = time.time()
+        await lines_after(since, BEFORE, "before its move")
         moved_at = time.time()
-        report = await c.json("migrate", tag, "--to", "node-2", *(["--live"] if live else []), timeout=900)
+        report = await c.json("migrate", tag, "--to", "node-2", *(["--live"] if mode != "cold" else []),
+                              timeout=900)
         back_at = time.time()
-        deadline = time.monotonic() + 300
-        while len([t for t in lines(await stderr()) if t > back_at]) < AFTER:
-            if time.monotonic() > deadline:
-                raise BenchError(f"timed out waiting for {AFTER} lines of {tag} after its move")
-            await asyncio.sleep(0.5)
+        await lines_after(back_at, AFTER, "after its move")
         got = lost_against_unmoved(lines(await stderr()), moved_at)
         records = await c.json("checkpoints", tag)  # the move's own checkpoint is the newest
         newest = max(records, key=lambda r: r["created"]) if isinstance(records, list) and records else {}
@@ -170,7 +184,7 @@ class LostBench(Bench):
                     print(f"{tag} ...", file=sys.stderr, flush=True)
                     rate = copy_rate()
                     got = await (self.naive_lost(tag, workload) if mode == "naive"
-                                 else self.ferry_lost(tag, workload, live=mode == "live"))
+                                 else self.ferry_lost(tag, workload, mode))
                     got["copy_gibs"] = rate
                     own = got.get("ferry_lost_s")
                     print(f"  lost {got['lost_s']:.2f} s" + (f" (Ferry's own figure: {own:.2f} s)"
@@ -212,7 +226,7 @@ def report(samples: dict[str, dict[str, list[dict[str, Any]]]], repeat: int, mac
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: train,memhog")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: naive,cold,live")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {','.join(MODES)}")
     p.add_argument("--repeat", type=int, default=3)
     add_run_arguments(p)
     args = p.parse_args(argv)
