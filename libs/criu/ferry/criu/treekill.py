@@ -37,6 +37,10 @@ async def kill_tree(pid: int, timeout_s: float = KILL_WAIT_S) -> list[int]:
             held.append((p, os.pidfd_open(p)))
         except ProcessLookupError:
             continue
+        except OSError as exc:  # out of descriptors, say: it is still killed, only not waited for
+            log.warning("pid %d: no pidfd (%s); killed without waiting", p, exc)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
     try:
         for _, fd in held:
             with contextlib.suppress(ProcessLookupError):
