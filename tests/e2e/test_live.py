@@ -51,6 +51,7 @@ def copies(argv: list[str]) -> dict[int, str]:
 def check_result(r: dict[str, Any], name: str, src: str, dst: str) -> None:
     assert r["job"] == name and r["from"] == src and r["to"] == dst and r["mode"] == "postcopy"
     assert r["rounds"] == 1 and r["bytes_precopy"] > 10 * 2**20
+    assert "--checkpoint-every" in (r["round_why"] or ""), r  # these jobs have no interval: the round says so
     assert 0 < r["bytes_final"] < r["bytes_precopy"]
     for key in ("freeze_ms", "downtime_ms", "restore_ms", "degraded_ms", "total_ms"):
         assert isinstance(r[key], float) and r[key] > 0, (key, r)
@@ -134,6 +135,7 @@ def test_a_job_with_a_fresh_periodic_checkpoint_moves_without_a_pre_copy_round(c
     wait_until(lambda: cluster.json("status", "live-periodic")["last_checkpoint"], 60, "a periodic checkpoint")
     r = cluster.json("migrate", "live-periodic", "--to", "node-1", "--live")
     assert r["mode"] == "postcopy" and r["rounds"] == 0 and r["bytes_precopy"] == 0 and r["downtime_ms"] > 0, r
+    assert r["round_why"] is None, r
     assert cluster.ferry("wait", "live-periodic", "--timeout", "300").returncode == 0
     assert cluster.logs("live-periodic") == want
 

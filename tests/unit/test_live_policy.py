@@ -49,12 +49,13 @@ def test_the_result_is_computed_from_what_the_nodes_measured() -> None:
     frozen = LiveFrozen(address="10.0.0.1", port=1, store_job="j-1.live", images="lv-1", stdout_path="o",
                         stderr_path="e", bytes_final=2 * MIB, freeze_ms=40.0, frozen_at=1000.0, last_write_at=1000.01)
     op = Op(id="op-1", kind=OpKind.MIGRATE, args=LiveMove(
-        source="a", target="b", mode="postcopy",
+        source="a", target="b", mode="postcopy", round_why="the job has no checkpoint yet",
         rounds=[Round(checkpoint="ck-1-r1", bytes_uploaded=100 * MIB, freeze_ms=300.0)],
         frozen=frozen, restored=LiveRestored(restore_ms=90.0, running_at=1000.2),
         local=LiveLocal(degraded_ms=800.0, bytes_lazy=98 * MIB, first_write_at=1000.25)))
     r = live_result(job(), op, time.time())
     assert (r["job"], r["from"], r["to"], r["mode"], r["rounds"]) == ("web", "a", "b", "postcopy", 1)
+    assert r["round_why"] == "the job has no checkpoint yet"
     assert r["bytes_precopy"] == 100 * MIB and r["bytes_final"] == 2 * MIB and r["round_freeze_ms"] == [300.0]
     assert abs(r["downtime_ms"] - 240.0) < 1e-6  # the source's last write to the target's first
     assert abs(r["switch_ms"] - 200.0) < 1e-6

@@ -70,11 +70,21 @@ def test_a_post_copy_move_begins_with_one_pre_copy_round_on_the_source() -> None
     assert sent(s) == [("checkpointer", "a", "checkpoint", 3)]
     assert s.commands()[0].cmd.options.criu_args == ["--tcp-established"]
     assert any(isinstance(e, Emit) and e.event.kind == "live_move" for e in s.effects)
+    # the job's periodic checkpoint (ck-old) is not fresh enough: the result will say so
+    assert a.round_why == "its last checkpoint is older than its interval (60s)"
+
+
+def test_the_round_says_what_would_have_let_the_move_skip_it() -> None:
+    assert "--checkpoint-every" in live_move.round_why(job(checkpoint_every_s=0.0))
+    assert live_move.round_why(job(last_checkpoint=None)) == "the job has no checkpoint yet"
+    pre = start(node("a"), node("b", lazy=False, lazy_pages_error="no userfaultfd"))
+    assert isinstance(pre.op.args, LiveMove) and pre.op.args.round_why is None  # pre-copy: rounds are the move
 
 
 def test_a_fresh_periodic_checkpoint_replaces_the_round_and_the_source_freezes_at_once() -> None:
     s = start(node("a"), node("b"), fresh=record("ck-periodic"))
     assert isinstance(s.op.args, LiveMove) and s.op.args.fallback_checkpoint == "ck-periodic"
+    assert s.op.args.round_why is None
     assert s.op.phase == "freeze" and s.op.args.images == "lv-abc"
     # the target prepares its restore (as the next incarnation) while the source freezes
     assert sent(s) == [("migrator", "b", "live_prepare", 4), ("checkpointer", "a", "live_freeze", 3)]

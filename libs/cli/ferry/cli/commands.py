@@ -290,7 +290,8 @@ def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
         return f"{result[key]:.0f} ms" if result.get(key) is not None else "-"
     print(f"{args.job} runs on {result.get('to')} ({result.get('mode')}): downtime {ms('downtime_ms')} "
           f"(freeze {ms('freeze_ms')}, restore {ms('restore_ms')}), degraded {ms('degraded_ms')}; "
-          f"{result.get('rounds')} pre-copy round(s) shipped {size(int(result.get('bytes_precopy') or 0))}, "
+          f"{result.get('rounds')} pre-copy round(s) shipped {size(int(result.get('bytes_precopy') or 0))}"
+          + (f" ({result['round_why']})" if result.get("round_why") else "") + ", "
           f"the freeze {size(int(result.get('bytes_final') or 0))}; {ms('total_ms')} in all"
           + (f"; {result['lost_s']:.1f}s of progress lost" if result.get("lost_s") is not None else ""))
     return 0

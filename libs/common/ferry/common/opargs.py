@@ -85,6 +85,7 @@ class LiveMove(RestorePhase):
     fault: FaultPhase | None = None
     rounds: list[Round] = Field(default_factory=list)
     fallback_checkpoint: str | None = None  # a fresh periodic checkpoint used instead of a round
+    round_why: str | None = None  # post-copy: why it took a round anyway (no fresh checkpoint)
     images: str | None = None  # the frozen source's images in the store (all but memory)
     frozen: LiveFrozen | None = None
     restored: LiveRestored | None = None

@@ -90,8 +90,20 @@ def start(job: Job, op: Op, *, source: Node, target: Node, fresh: CheckpointReco
         op.args.fallback_checkpoint = fresh.id
         _freeze(s, fresh.id)
     else:
+        if postcopy:
+            op.args.round_why = round_why(job)
         _round(s)
     return s
+
+
+def round_why(job: Job) -> str:
+    """Why a post-copy move of `job` takes a pre-copy round: it has no checkpoint younger than its
+    interval to fall back on (the move's result says so, and what would let it skip the round)."""
+    if job.checkpoint_every_s <= 0:
+        return "the job has no --checkpoint-every interval; with one, a live move needs no round"
+    if not job.last_checkpoint:
+        return "the job has no checkpoint yet"
+    return f"its last checkpoint is older than its interval ({job.checkpoint_every_s:g}s)"
 
 
 def why_not_postcopy(source: Node, target: Node) -> str | None:

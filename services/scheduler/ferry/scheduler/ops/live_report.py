@@ -19,6 +19,7 @@ def live_result(job: Job, op: Op, now: float, restored_at: float | None = None) 
     return {
         "job": job.name, "from": a.source, "to": a.target, "mode": a.mode,
         "rounds": len(a.rounds),
+        "round_why": a.round_why,
         "bytes_precopy": sum(r.bytes_uploaded for r in a.rounds),
         "bytes_final": frozen.bytes_final if frozen else a.final_bytes,
         "round_freeze_ms": [r.freeze_ms for r in a.rounds],
