@@ -52,7 +52,7 @@ def in_phase(phase: str, **kw: object) -> tuple[Job, Op]:
     return j, op
 
 
-def start(source: Node, target: Node, fresh: CheckpointRecord | None = None, **kw: object) -> Step:
+def start(source: Node, target: Node, fresh: CheckpointRecord | str | None = None, **kw: object) -> Step:
     op = Op(id="op-abc", kind=OpKind.MIGRATE, job="job-1", args=ColdMove(target="b", source="a",
                                                                          criu_args=["--tcp-established"]))
     return live_move.start(job(), op, source=source, target=target, fresh=fresh, fault=None, now=NOW, **kw)
@@ -70,14 +70,21 @@ def test_a_post_copy_move_begins_with_one_pre_copy_round_on_the_source() -> None
     assert sent(s) == [("checkpointer", "a", "checkpoint", 3)]
     assert s.commands()[0].cmd.options.criu_args == ["--tcp-established"]
     assert any(isinstance(e, Emit) and e.event.kind == "live_move" for e in s.effects)
-    # the job's periodic checkpoint (ck-old) is not fresh enough: the result will say so
-    assert a.round_why == "its last checkpoint is older than its interval (60s)"
+    assert a.round_why is None  # nobody said why
 
 
 def test_the_round_says_what_would_have_let_the_move_skip_it() -> None:
-    assert "--checkpoint-every" in live_move.round_why(job(checkpoint_every_s=0.0))
-    assert live_move.round_why(job(last_checkpoint=None)) == "the job has no checkpoint yet"
-    pre = start(node("a"), node("b", lazy=False, lazy_pages_error="no userfaultfd"))
+    old = record("ck-old", state="committed", created=NOW - 120)  # the job's interval is 60 s
+    why = live_move.fresh_fallback(job(), old, NOW)
+    assert isinstance(why, str) and why == "its last checkpoint is older than its interval (60s)"
+    s = start(node("a"), node("b"), fresh=why)
+    assert isinstance(s.op.args, LiveMove) and s.op.args.round_why == why and s.op.phase == "precopy"
+    assert "--checkpoint-every" in str(live_move.fresh_fallback(job(checkpoint_every_s=0.0), old, NOW))
+    assert live_move.fresh_fallback(job(last_checkpoint=None), None, NOW) == "the job has no checkpoint yet"
+    assert live_move.fresh_fallback(job(), None, NOW) == "its last checkpoint ck-old is not committed"
+    young = record("ck-old", state="committed", created=NOW - 30)
+    assert live_move.fresh_fallback(job(), young, NOW) is young
+    pre = start(node("a"), node("b", lazy=False, lazy_pages_error="no userfaultfd"), fresh=why)
     assert isinstance(pre.op.args, LiveMove) and pre.op.args.round_why is None  # pre-copy: rounds are the move
 
 

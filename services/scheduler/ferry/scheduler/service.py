@@ -443,19 +443,17 @@ class Scheduler(Service):
         why = live_move.why_not_postcopy(source, dest)
         if why is not None:
             log.info("live move of %s without post-copy (%s): pre-copy rounds, then the delta", job.name, why)
-        fresh = await self._fresh_checkpoint(job) if why is None else None
+        fresh = await self._fresh_fallback(job) if why is None else None
         await self.effects.apply(live_move.start(job, op, source=source, target=dest, fresh=fresh,
                                                  fault=take_live_fault(self.settings.data_dir), now=now()))
 
-    async def _fresh_checkpoint(self, job: Job) -> CheckpointRecord | None:
-        """The job's last checkpoint when it is younger than the job's own checkpoint interval: as
-        good a fallback as the job has anyway, so a post-copy move needs no pre-copy round."""
-        if not job.last_checkpoint or job.checkpoint_every_s <= 0:
-            return None
-        record = await self.state.bus.checkpoints.get(wire.ckpt_key(job.id, job.last_checkpoint))
-        if record is None or record.state != "committed" or now() - record.created > job.checkpoint_every_s:
-            return None
-        return record
+    async def _fresh_fallback(self, job: Job) -> CheckpointRecord | str:
+        """The job's last checkpoint if it can replace a post-copy move's pre-copy round, else why
+        not (``live_move.fresh_fallback``)."""
+        last = None
+        if job.last_checkpoint and job.checkpoint_every_s > 0:  # without an interval it is never fresh
+            last = await self.state.bus.checkpoints.get(wire.ckpt_key(job.id, job.last_checkpoint))
+        return live_move.fresh_fallback(job, last, now())
 
     async def _target(self, job: Job, node_id: str | None, exclude: str | None = None) -> str:
         """The node a user's restore or move goes to. A node that is only late with its heartbeat

@@ -70,10 +70,11 @@ def _options(a: LiveMove, *phases: FaultPhase) -> NodeOptions:
 
 # ---- starting ----------------------------------------------------------------------------------
 
-def start(job: Job, op: Op, *, source: Node, target: Node, fresh: CheckpointRecord | None,
+def start(job: Job, op: Op, *, source: Node, target: Node, fresh: CheckpointRecord | str | None,
           fault: FaultPhase | None, now: float) -> Step:
     """A live move of running `job` from `source` to `target` (already checked to fit). `fresh`:
-    the job's last checkpoint when it is younger than its checkpoint interval."""
+    what ``fresh_fallback`` found, the checkpoint that replaces the round or why there is none
+    (None: not looked for, as without post-copy)."""
     s = Step.of(job, op)
     job, op = s.job, s.op
     postcopy = source.lazy_pages and target.lazy_pages
@@ -85,25 +86,30 @@ def start(job: Job, op: Op, *, source: Node, target: Node, fresh: CheckpointReco
                        rebalance=old.rebalance if isinstance(old, ColdMove | LiveMove) else None)
     job.state, job.op, job.moving_to = JobState.MIGRATING, op.id, target.id
     s.emit(Event(kind="live_move", job=job.id, node=source.id, message=f"to {target.id} ({op.args.mode})"))
-    if postcopy and fresh is not None:  # a round would freeze the job for a whole dump and buy nothing
+    if postcopy and isinstance(fresh, CheckpointRecord):  # a round would freeze the job and buy nothing
         op.state, op.job = OpState.RUNNING, job.id
         op.args.fallback_checkpoint = fresh.id
         _freeze(s, fresh.id)
     else:
-        if postcopy:
-            op.args.round_why = round_why(job)
+        if postcopy and isinstance(fresh, str):
+            op.args.round_why = fresh  # the move's result says so, and what would let it skip the round
         _round(s)
     return s
 
 
-def round_why(job: Job) -> str:
-    """Why a post-copy move of `job` takes a pre-copy round: it has no checkpoint younger than its
-    interval to fall back on (the move's result says so, and what would let it skip the round)."""
+def fresh_fallback(job: Job, last: CheckpointRecord | None, now: float) -> CheckpointRecord | str:
+    """`last`, the record of the job's last checkpoint, when it can replace a post-copy move's
+    pre-copy round: committed and younger than the job's own checkpoint interval, as good a fallback
+    as the job has anyway. Otherwise why it cannot."""
     if job.checkpoint_every_s <= 0:
         return "the job has no --checkpoint-every interval; with one, a live move needs no round"
     if not job.last_checkpoint:
         return "the job has no checkpoint yet"
-    return f"its last checkpoint is older than its interval ({job.checkpoint_every_s:g}s)"
+    if last is None or last.state != "committed":
+        return f"its last checkpoint {job.last_checkpoint} is not committed"
+    if now - last.created > job.checkpoint_every_s:
+        return f"its last checkpoint is older than its interval ({job.checkpoint_every_s:g}s)"
+    return last
 
 
 def why_not_postcopy(source: Node, target: Node) -> str | None:
