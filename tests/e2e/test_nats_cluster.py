@@ -7,15 +7,14 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.conftest import BIN, PY, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster, wait_until
+from tests.copies import Copies
 from tests.e2e.test_control import FAST, SMALL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
@@ -35,26 +34,6 @@ def r3_cluster(criu_bin: str) -> Iterator[Cluster]:
                       env={**FAST, "FERRY_HEARTBEAT_TIMEOUT_S": "5"})
     yield c
     stop_cluster(c)
-
-
-class Copies(threading.Thread):
-    """The most running (not stopped) copies of ARGV seen at once, sampled every 0.05 s."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.most, self.done = 0, threading.Event()
-        self.seen: list[str] = []  # the copies at the first sample with more than one: what a failure says
-
-    def run(self) -> None:
-        while not self.done.wait(0.05):
-            found = [p for p in psutil.process_iter(["cmdline", "status", "ppid", "create_time"])
-                     if p.info["cmdline"] == ARGV and p.info["status"] not in (psutil.STATUS_STOPPED,
-                                                                                psutil.STATUS_TRACING_STOP,
-                                                                                psutil.STATUS_ZOMBIE)]
-            if len(found) > 1 and not self.seen:
-                self.seen = [f"pid {p.pid} ppid {p.info['ppid']} {p.info['status']} started "
-                             f"{p.info['create_time']:.2f} at {time.time():.2f}" for p in found]
-            self.most = max(self.most, len(found))
 
 
 def status(c: Cluster) -> dict[str, Any] | None:
@@ -79,7 +58,7 @@ def kill_nats_during(c: Cluster, member: str, *ferry_args: str) -> subprocess.Co
 
 def test_one_nats_server_killed_midway_loses_nothing(r3_cluster: Cluster) -> None:
     c, want = r3_cluster, reference_output(ARGV)
-    copies = Copies()
+    copies = Copies(ARGV)
     copies.start()
     try:
         c.json("run", "--name", "r3", "--node", "n1", "--checkpoint-every", "2s", "--", *ARGV)
@@ -111,8 +90,7 @@ def test_one_nats_server_killed_midway_loses_nothing(r3_cluster: Cluster) -> Non
         raise AssertionError(f"{exc}\nstatus: {c.ferry('status', 'r3', check=False).stdout}\n" + c.log_tails(
             "health", "scheduler", "api", "migrator-n1", "migrator-n2", "checkpointer-n1", "checkpointer-n2")) from None
     finally:
-        copies.done.set()
-        copies.join()
+        copies.stop()
     assert c.logs("r3") == want
     # rare here (suite runs, never alone yet): the logs are the only trace CI keeps of how it came about
     assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}\n" + c.log_tails(

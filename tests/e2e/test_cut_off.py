@@ -1,0 +1,70 @@
+"""A node cut off from the bus holds its jobs before anyone may declare it lost.
+
+Its checkpointer's connection to NATS is cut with nftables (packets dropped both ways, the socket
+kept: the client sees no error, its writes just never arrive), so the node falls silent while its
+job runs on. The other node keeps beating, health declares the silent one lost and the scheduler
+restores the job on n2 from its last checkpoint. Without the hold the old copy ran beside the new
+one until the node heard the bus again; with it the old copy is stopped before the loss can be
+declared, and killed once the node is back and reads that the job moved on."""
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.conftest import Cluster, wait_until
+from tests.copies import Copies
+from tests.e2e.test_frozen import proc_state, workload_pid
+
+pytestmark = [pytest.mark.e2e, pytest.mark.criu]
+
+# a counter with a command line of its own, for the copy count
+ARGV = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done # cut-off"]
+TABLE = "ferry_test_cut_off"
+
+
+@contextlib.contextmanager
+def cut_off(pid: int) -> Iterator[list[int]]:
+    """Drops every packet of the TCP connections process `pid` has now, both ways, while inside."""
+    ports = sorted({c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+                    if c.raddr and c.status == psutil.CONN_ESTABLISHED})
+    assert ports, f"process {pid} has no TCP connection to cut"
+    listed = ", ".join(map(str, ports))
+    rules = (f"table inet {TABLE} {{\n chain out {{ type filter hook output priority 0; policy accept;\n"
+             f"  tcp sport {{ {listed} }} drop\n  tcp dport {{ {listed} }} drop\n }}\n}}\n")
+    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield ports
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", TABLE], check=True)
+
+
+def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(small_cluster: Cluster) -> None:
+    c = small_cluster
+    job = c.json("run", "--name", "cut", "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
+    c.wait_lines("cut", 10)
+    wait_until(lambda: c.json("status", "cut")["last_checkpoint"], 30, "a periodic checkpoint")
+    old = workload_pid(c, "n1", job["id"])
+    copies = Copies(ARGV)
+    copies.start()
+    try:
+        with cut_off(c.service_pid("checkpointer@n1")):
+            moved = wait_until(lambda: (s := c.json("status", "cut"))["node"] == "n2" and s["state"] == "running"
+                               and s, 60, "the job to be restored on n2")
+            # the window in which both copies ran before: the cut node cannot fence what it cannot read
+            c.wait_lines("cut", c.logs("cut").count("\n") + 20)
+            assert proc_state(old) == "T", f"the cut-off copy {old} is {proc_state(old)}, not held"
+        # back on the bus, the node reads that the job moved on and ends its stale copy
+        wait_until(lambda: not psutil.pid_exists(old) or proc_state(old) == "Z", 30, "the stale copy to be killed")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + c.log_tails("health", "scheduler", "checkpointer-n1", "checkpointer-n2",
+                                                      lines=40)) from None
+    finally:
+        copies.stop()
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
+    assert moved["restarts"] >= 1
+    status = c.json("status", "cut")
+    assert status["node"] == "n2" and status["state"] == "running", status
+    assert [n["state"] for n in c.json("nodes")] == ["ready", "ready"]
