@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from ferry.checkpointer.hold import JobHolds
 from ferry.common import wire
 from ferry.common.models import Job
 from ferry.common.moves import LiveFrozen
@@ -60,6 +61,7 @@ class LiveSource(NodeService):
 
     live: dict[str, LazySource]
     usage: UsageSampler
+    holds: JobHolds
 
     def live_marker(self, jd: JobDir) -> LiveMarker | None:
         try:
@@ -101,6 +103,8 @@ class LiveSource(NodeService):
         cpu_s, cores = await asyncio.to_thread(self.usage.before_dump, job.id, shim.pid, cmd.incarnation)
         try:
             self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)
+            if (why := self.holds.dump_refused(job.id, time.time())) is not None:
+                raise LiveMoveFailed(why, source_running=True)
             frozen = await source.freeze()
         except LiveMoveFailed as exc:
             self.live.pop(job.id, None)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from ferry.checkpointer.hold import JobHolds
 from ferry.common import wire
 from ferry.common.config import Settings
 from ferry.common.models import CheckpointRecord, Job
@@ -84,6 +85,8 @@ class Host(Protocol):
     def nvml(self) -> Nvml: ...
 
     def in_any_live_move(self, jd: JobDir) -> bool: ...
+
+    holds: JobHolds
 
     @property
     def faults(self) -> FaultHook: ...
@@ -173,8 +176,8 @@ class CheckpointPipeline:
         try:
             await self._dump_and_upload(cmd, jd, shim.pid, images, record, stop_marker)
         except (CriuError, StoreError, GpuError, OSError) as exc:
-            if cmd.stop:
-                signal_tree(shim.pid, signal.SIGCONT)  # left stopped by the dump: let it run on
+            if cmd.stop:  # left stopped by the dump: it runs on (or, on a node cut off, stays held)
+                await asyncio.to_thread(host.holds.give_back, jd, shim)
                 stop_marker.unlink(missing_ok=True)
             record.state, record.error = "failed", str(exc)
             record.log_excerpt = list(getattr(exc, "log_excerpt", []) or [])
@@ -260,7 +263,10 @@ class CheckpointPipeline:
                 ckpt = default_checkpointer()
                 gpu = ckpt, await suspend_for_dump(pid, ckpt, nvml=self.host.nvml())
         try:
-            with _tracer.start_as_current_span("criu.dump") as span:
+            # no await between the check and the dump's start: a hold never stops a tree CRIU dumps
+            if (why := self.host.holds.dump_refused(job.id, time.time())) is not None:
+                raise DumpFailed(why)
+            with self.host.holds.dump_of(job.id), _tracer.start_as_current_span("criu.dump") as span:
                 # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
                 # if the upload fails the job simply continues.
                 dump = await container.checkpoint(jd, images, final=cmd.stop) \

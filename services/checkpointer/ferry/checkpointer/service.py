@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from ferry.checkpointer.exits import MonitorWatch
 from ferry.checkpointer.gang import GangMember
+from ferry.checkpointer.hold import JobHolds, Lease
 from ferry.checkpointer.live import LiveSource
 from ferry.checkpointer.pipeline import CheckpointPipeline
 from ferry.checkpointer.settled import SettledDirs
@@ -90,6 +91,9 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         self.criu_status = await asyncio.to_thread(self.criu.check)
         self.pipeline = CheckpointPipeline(self, self.criu, self.criu_status.version or "")
         self.recover_live_moves()
+        # the node's lease on its jobs: each beat that lands renews it (ferry.checkpointer.hold)
+        lease = Lease(self.settings.heartbeat_timeout_s, self.settings.heartbeat_interval_s)
+        self.holds = JobHolds(self.jobs_dir, lease, self.running_jobs, self.live_busy)
         await self.pipeline.recover_interrupted_stops()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
@@ -129,6 +133,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                                  handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S,
                                  stop=self.stopping, drain_s=self.settings.drain_timeout_s),
                 self.heartbeat_loop(),
+                self.holds.run(self.stopping),
                 self.exit_watch_loop(),
                 self.notice_loop(),
                 self.jobnet_loop(jobs),
@@ -276,6 +281,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         if found is None:
             with contextlib.suppress(CasConflict):
                 await self.bus.nodes.create(self.node_id, node)
+                self.holds.lease.renew(node.heartbeat, False, time.time())
             return
         old, rev = found
         node.started, node.preemptions = old.started, old.preemptions
@@ -285,6 +291,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             node.state = NodeState.PREEMPTING
         with contextlib.suppress(CasConflict):  # someone else wrote it meanwhile: next beat
             await self.bus.nodes.update(self.node_id, node, rev)
+            self.holds.lease.renew(node.heartbeat, old.state == NodeState.LOST, time.time())
 
     def gpu_driver_version(self) -> str:
         return self.gpu_report.inventory.driver_version or ""
@@ -294,6 +301,10 @@ class Checkpointer(GangMember, LiveSource, NodeService):
 
     def in_any_live_move(self, jd: JobDir) -> bool:
         return self.live_marker(jd) is not None
+
+    def live_busy(self, job_id: str) -> bool:
+        """The job is the source of a live move here: that op owns its stopped state, not a hold."""
+        return job_id in self.live or self.in_any_live_move(JobDir(self.jobs_dir / job_id, canonical=True))
 
     def lazy_pages_error(self) -> str | None:
         st = self.criu_status
@@ -311,6 +322,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                 local = self.running_jobs()  # read once for both
                 await self.beat(local)
                 await self.fence(local)
+                await self.holds.release_all(time.time())  # only now: the fence killed what moved on
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
             with contextlib.suppress(asyncio.TimeoutError):
