@@ -123,7 +123,8 @@ async def test_library_gpu_checkpoint_restore_continues_identically(
 ) -> None:
     from ferry.criu.jobdir import JobDir
     from ferry.criu.launch import launch, restore
-    from ferry.criu.runner import CriuRunner, kill_tree
+    from ferry.criu.runner import CriuRunner
+    from ferry.criu.treekill import kill_tree
     from ferry.gpu.compat import check_restore_target, device_map, snapshot_of
     from ferry.gpu.cuda_checkpoint import (
         default_checkpointer,

@@ -5,7 +5,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from ferry.criu.treekill import kill_tree
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from ferry.criu.errors import LaunchFailed
 from ferry.criu.handoff import FOREGROUND_FLAG, Handoff, take
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from ferry.criu.treekill import kill_tree
 from tests.cgroups import cgroup_of, cgroup_root, scratch_cgroup
 from tests.integration.criu_helpers import COUNTER, ENV, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild

@@ -19,7 +19,8 @@ from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
 from ferry.criu.linux import DEVICES, DROPPED_CAPABILITIES
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from ferry.criu.treekill import kill_tree
 from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild
 

@@ -22,7 +22,8 @@ from ferry.criu.jobdir import ExitInfo, JobDir
 from ferry.criu.launch import launch
 from ferry.criu.lazy import LiveMove, LiveMoveFailed, copy_images, ensure_pipe_limits
 from ferry.criu.linux import is_gone, ns_pids
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from ferry.criu.treekill import kill_tree
 
 pytestmark = [pytest.mark.criu, pytest.mark.timeout(60)]
 

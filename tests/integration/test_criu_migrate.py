@@ -13,7 +13,8 @@ import pytest
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
 from ferry.criu.linux import is_gone, ns_pids
-from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
+from ferry.criu.runner import CriuRunner, DumpResult
+from ferry.criu.treekill import kill_tree
 from tests.integration.criu_helpers import COUNTER, ENV, wait_exit, wait_for
 
 pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(60)]

@@ -13,8 +13,9 @@ import pytest
 
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
-from ferry.criu.runner import CriuRunner, job_criu_args, kill_tree
+from ferry.criu.runner import CriuRunner, job_criu_args
 from ferry.criu.sockets import read_sockets
+from ferry.criu.treekill import kill_tree
 from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild
 from tests.programs import tcp_pair, udp_and_unix

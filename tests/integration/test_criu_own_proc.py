@@ -16,7 +16,8 @@ import pytest
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch, restore
 from ferry.criu.procfs_guard import PARASITE_DIR
-from ferry.criu.runner import CriuRunner, DumpResult, kill_tree
+from ferry.criu.runner import CriuRunner, DumpResult
+from ferry.criu.treekill import kill_tree
 from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild
 

@@ -14,7 +14,8 @@ from ferry.criu.images import PAGE_SIZE, find_page_maps, read_dump_stats, read_p
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import launch
 from ferry.criu.linux import is_gone
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from ferry.criu.treekill import kill_tree
 from tests.integration.criu_helpers import COUNTER, ENV, wait_exit, wait_for
 
 pytestmark = [pytest.mark.usefixtures("criu_ok"), pytest.mark.criu, pytest.mark.timeout(60)]

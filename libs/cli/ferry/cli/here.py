@@ -36,7 +36,7 @@ from ferry.cli.output import job_dict, print_json
 from ferry.common.errors import FerryError, UsageError, from_kind
 from ferry.criu.handoff import POLL_S, Handoff, find_offer, read_reply
 from ferry.criu.jobdir import JobDir
-from ferry.criu.runner import kill_tree
+from ferry.criu.treekill import kill_tree
 from ferry.v1 import ferry_pb2 as pb
 
 __all__ = ["STOPPED_EXIT", "Foreground", "join_cgroup", "restore_here", "run_here"]

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from ferry.criu.fdwait import until_ready
 from ferry.criu.jobdir import JobDir, write_json_atomic
 from ferry.criu.lazy_common import LiveMoveFailed, transferred_pages
-from ferry.criu.runner import kill_tree
+from ferry.criu.treekill import kill_tree
 
 __all__ = ["RECORD_FILE", "LiveTargetRecord", "OrphanTarget", "process_start_time"]
 

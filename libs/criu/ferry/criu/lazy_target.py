@@ -37,7 +37,7 @@ from ferry.criu.lazy_common import (
 from ferry.criu.lazy_record import LiveTargetRecord, forget_record, process_start_time, write_record
 from ferry.criu.lazy_shim import ArmedRestore
 from ferry.criu.progress import FirstWrite
-from ferry.criu.runner import kill_tree
+from ferry.criu.treekill import kill_tree
 
 __all__ = ["LazyTarget"]
 

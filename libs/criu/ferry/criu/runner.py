@@ -1,10 +1,8 @@
-"""Running the ``criu`` binary: feature check, dump, the restore command line, and killing a tree."""
+"""Running the ``criu`` binary: feature check, dump, the restore command line."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -18,12 +16,11 @@ from ferry.criu.binary import find_criu, parse_version, required_version, setup_
 from ferry.criu.errors import CriuMissing, DumpFailed, ImageError
 from ferry.criu.external import dump_args, external_keys, is_external_key
 from ferry.criu.images import DumpStats, read_dump_stats
-from ferry.criu.linux import catches_signal, is_gone, ns_pids
 from ferry.criu.logs import failure_summary, first_error
 from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.sizes import SIZES_FILE, read_sizes, write_size_script
 
-__all__ = ["CriuRunner", "CriuStatus", "DumpResult", "kill_tree"]
+__all__ = ["CriuRunner", "CriuStatus", "DumpResult"]
 
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
@@ -261,11 +258,6 @@ class CriuRunner:
         argv += [*RESTORE_MOUNTS, *extra_args]
         return argv
 
-    # -- kill ------------------------------------------------------------------------------------
-
-    @staticmethod
-    async def kill_tree(pid: int, grace_s: float) -> None:
-        await kill_tree(pid, grace_s)
 
 
 def _prepare_images_dir(images_dir: Path) -> Path:
@@ -300,46 +292,3 @@ def _dump_stats(images_dir: Path) -> DumpStats | None:
         return read_dump_stats(images_dir / "stats-dump")
     except ImageError:
         return None
-
-
-async def kill_tree(pid: int, grace_s: float) -> None:
-    """SIGTERM ``pid``, then SIGKILL after ``grace_s``; return once it is gone (or a zombie).
-
-    A workload is PID 1 of its own namespace: from outside, the kernel delivers SIGTERM to it only
-    when it handles the signal, so without a handler SIGKILL is sent at once. Killing a namespace's
-    init kills every process in it; for a process that is not one, its process group is signalled
-    too when it leads one.
-    """
-    try:
-        nspids = ns_pids(pid)
-        ignores_term = len(nspids) > 1 and nspids[-1] == 1 and not catches_signal(pid, signal.SIGTERM)
-        group = os.getpgid(pid) == pid and len(nspids) <= 1
-    except (OSError, ValueError):
-        return
-    if is_gone(pid):
-        return
-    if grace_s > 0 and not ignores_term:
-        _signal(pid, signal.SIGTERM, group)
-        if await _wait_gone(pid, grace_s):
-            return
-    _signal(pid, signal.SIGKILL, group)
-    await _wait_gone(pid, 10.0)
-
-
-def _signal(pid: int, sig: int, group: bool) -> None:
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-async def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not is_gone(pid):
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True

@@ -16,7 +16,7 @@ import os
 import signal
 
 from ferry.criu.fdwait import until_ready
-from ferry.criu.linux import is_gone, process_tree
+from ferry.criu.linux import catches_signal, is_gone, ns_pids, process_tree
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +24,24 @@ KILL_WAIT_S = 30.0
 """How long a killed tree is waited for; past it, a process stuck in the kernel is only logged."""
 
 
-async def kill_tree(pid: int, timeout_s: float = KILL_WAIT_S) -> list[int]:
-    """SIGKILLs `pid` and its descendants and returns once each has exited (gone or a zombie).
+async def kill_tree(pid: int, grace_s: float = 0.0, timeout_s: float = KILL_WAIT_S) -> list[int]:
+    """Ends `pid` and its descendants and returns once each has exited (gone or a zombie).
 
-    Returns the pids still there after `timeout_s` ([] when all ended). Each process is held by a
-    pidfd opened before the signal, so a pid the kernel hands out again is never signalled or
-    waited for.
+    With `grace_s`, SIGTERM first, and SIGKILL to what is left after that long. A workload is PID 1
+    of its own namespace: from outside, the kernel delivers SIGTERM to it only when it handles the
+    signal, so without a handler the grace is skipped. Killing a namespace's init kills every
+    process in it; a process that is not one is signalled with its process group when it leads one.
+
+    Returns the pids still there `timeout_s` after the SIGKILL ([] when all ended). Each process is
+    held by a pidfd opened before any signal, so a pid the kernel hands out again is never
+    signalled or waited for.
     """
+    try:
+        nspids = ns_pids(pid)
+        group = os.getpgid(pid) == pid and len(nspids) <= 1
+    except (OSError, ValueError):  # gone already
+        return []
+    ignores_term = len(nspids) > 1 and nspids[-1] == 1 and not catches_signal(pid, signal.SIGTERM)
     held: list[tuple[int, int]] = []
     for p in process_tree(pid) or [pid]:
         try:
@@ -42,9 +53,13 @@ async def kill_tree(pid: int, timeout_s: float = KILL_WAIT_S) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
     try:
-        for _, fd in held:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        if grace_s > 0 and not ignores_term and held and held[0][0] == pid:
+            _signal(held[0][1], pid, signal.SIGTERM, group)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace_s):
+                    await until_ready(held[0][1])
+        for p, fd in held:
+            _signal(fd, p, signal.SIGKILL, group and p == pid)
         try:
             async with asyncio.timeout(timeout_s):
                 for _, fd in held:
@@ -57,3 +72,12 @@ async def kill_tree(pid: int, timeout_s: float = KILL_WAIT_S) -> list[int]:
     finally:
         for _, fd in held:
             os.close(fd)
+
+
+def _signal(fd: int, pid: int, sig: int, group: bool) -> None:
+    """To the process behind `fd`; to the process group `pid` leads too, when `group`."""
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(fd, sig)
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)

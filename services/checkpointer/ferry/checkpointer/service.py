@@ -37,7 +37,8 @@ from ferry.criu.errors import LaunchFailed
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.criu.launch import adopt, launch
 from ferry.criu.lazy_common import ensure_pipe_limits
-from ferry.criu.runner import CriuRunner, kill_tree
+from ferry.criu.runner import CriuRunner
+from ferry.criu.treekill import kill_tree
 from ferry.criu.zygote import ZygoteProcess
 from ferry.gpu.models import GpuInfo, GpuReport
 from ferry.gpu.monitor import GpuMonitor
