@@ -41,7 +41,6 @@ async def kill_tree(pid: int, grace_s: float = 0.0, timeout_s: float = KILL_WAIT
         group = os.getpgid(pid) == pid and len(nspids) <= 1
     except (OSError, ValueError):  # gone already
         return []
-    ignores_term = len(nspids) > 1 and nspids[-1] == 1 and not catches_signal(pid, signal.SIGTERM)
     held: list[tuple[int, int]] = []
     for p in process_tree(pid) or [pid]:
         try:
@@ -53,7 +52,7 @@ async def kill_tree(pid: int, grace_s: float = 0.0, timeout_s: float = KILL_WAIT
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
     try:
-        if grace_s > 0 and not ignores_term and held and held[0][0] == pid:
+        if grace_s > 0 and held and held[0][0] == pid and _term_reaches(pid, nspids):
             _signal(held[0][1], pid, signal.SIGTERM, group)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace_s):
@@ -72,6 +71,17 @@ async def kill_tree(pid: int, grace_s: float = 0.0, timeout_s: float = KILL_WAIT
     finally:
         for _, fd in held:
             os.close(fd)
+
+
+def _term_reaches(pid: int, nspids: list[int]) -> bool:
+    """Whether SIGTERM sent from outside reaches `pid`: a namespace's init gets it only when it
+    handles it (without, there is no grace to wait out)."""
+    if len(nspids) <= 1 or nspids[-1] != 1:
+        return True
+    try:
+        return catches_signal(pid, signal.SIGTERM)
+    except OSError:  # gone meanwhile
+        return False
 
 
 def _signal(fd: int, pid: int, sig: int, group: bool) -> None:

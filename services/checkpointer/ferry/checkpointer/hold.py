@@ -33,6 +33,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ferry.criu.jobdir import JobDir, ShimInfo, write_json_atomic
+from ferry.criu.lazy_common import proc_state
 from ferry.criu.linux import process_tree
 from ferry.node.procs import signal_tree
 
@@ -50,7 +51,7 @@ class Lease:
 
     timeout_s: float
     interval_s: float
-    deadline: float = 0.0  # until a beat lands: run out
+    heartbeat: float = float("-inf")  # of the newest record that landed; until one does: run out
     release_after: float = 0.0  # after a declared loss: when held jobs may run again
 
     @property
@@ -59,18 +60,18 @@ class Lease:
         timeout, whichever is longer (at most half of it). 1 s with 0.5 s beats and a 3 s timeout."""
         return min(max(2 * self.interval_s, self.timeout_s / 4), self.timeout_s / 2)
 
+    @property
+    def deadline(self) -> float:
+        return self.heartbeat + self.timeout_s - self.margin_s
+
     def renew(self, heartbeat: float, was_lost: bool, now: float) -> None:
         """A record with heartbeat `heartbeat` was written; `was_lost`: health had declared the node lost."""
-        self.deadline = max(self.deadline, heartbeat + self.timeout_s - self.margin_s)
+        self.heartbeat = max(self.heartbeat, heartbeat)
         if was_lost:
             self.release_after = now + self.timeout_s
 
     def expired(self, now: float) -> bool:
         return now >= self.deadline
-
-    def silent_s(self, now: float) -> float:
-        """Seconds since the heartbeat of the last beat that landed."""
-        return now - (self.deadline - self.timeout_s + self.margin_s)
 
     def may_release(self, now: float) -> bool:
         return not self.expired(now) and now >= self.release_after
@@ -79,15 +80,6 @@ class Lease:
 class Held(BaseModel):
     incarnation: int
     pids: list[int]
-
-
-def proc_state(pid: int) -> str:
-    """The state letter of /proc/PID/stat ("X" when the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return "X"
 
 
 def read_held(jd: JobDir) -> Held | None:
@@ -108,7 +100,10 @@ def hold_tree(jd: JobDir, shim: ShimInfo, *, stopped_too: bool = False) -> list[
     for pid in process_tree(shim.pid):
         if pid in pids:
             continue
-        if proc_state(pid) in NOT_RUNNING:
+        state = proc_state(pid)
+        if state is None:  # gone
+            continue
+        if state in NOT_RUNNING:
             if stopped_too:
                 pids.add(pid)
             continue
@@ -159,7 +154,7 @@ class JobHolds:
         if job_id in self.held:
             return "the job is held: this node lost the bus, and a dump now would record it stopped"
         if self.lease.expired(now):
-            return f"this node has not reached the bus for {self.lease.silent_s(now):.1f}s: its jobs are held"
+            return f"this node has not reached the bus for {now - self.lease.heartbeat:.1f}s: its jobs are held"
         return None
 
     @contextlib.contextmanager

@@ -305,7 +305,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
 
     def live_busy(self, job_id: str) -> bool:
         """The job is the source of a live move here: that op owns its stopped state, not a hold."""
-        return job_id in self.live or self.in_any_live_move(JobDir(self.jobs_dir / job_id, canonical=True))
+        return job_id in self.live or self.in_any_live_move(self.job_dir(job_id))
 
     def lazy_pages_error(self) -> str | None:
         st = self.criu_status
