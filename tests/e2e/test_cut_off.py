@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import Cluster, wait_until
 from tests.copies import Copies
 from tests.e2e.test_frozen import proc_state, workload_pid
+from tests.e2e.test_resilience import kill_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -69,3 +70,37 @@ def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(s
     assert status["node"] == "n2" and status["state"] == "running", status
     # its beats land again (after the cut, TCP's retransmissions may take a few seconds to catch up)
     wait_until(lambda: [n["state"] for n in c.json("nodes")] == ["ready", "ready"], 30, "n1 to be ready again")
+
+
+def test_a_checkpointer_killed_while_it_holds_a_job_leaves_nothing_stopped(small_cluster: Cluster) -> None:
+    """Held, then its checkpointer SIGKILLed and started again by `ferry up` (with connections the
+    cut does not reach): the new one finds the hold in the job's folder and, once its beats land,
+    either resumes the copy or, if the job was restored elsewhere meanwhile, kills it. Either
+    way exactly one copy runs in the end, none stays stopped, and never two at once."""
+    c = small_cluster
+    job = c.json("run", "--name", "cut-kill", "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
+    c.wait_lines("cut-kill", 10)
+    wait_until(lambda: c.json("status", "cut-kill")["last_checkpoint"], 30, "a periodic checkpoint")
+    old = workload_pid(c, "n1", job["id"])
+    copies = Copies(ARGV)
+    copies.start()
+    try:
+        with cut_off(c.service_pid("checkpointer@n1")):
+            wait_until(lambda: proc_state(old) == "T", 30, "the cut-off copy to be held")
+            kill_service(c, "checkpointer@n1")
+
+        def one_running() -> bool:
+            s = c.json("status", "cut-kill")
+            return s["state"] == "running" and len(copies.running()) == 1
+        wait_until(one_running, 60, "exactly one copy to run")
+        n = c.logs("cut-kill").count("\n")
+        c.wait_lines("cut-kill", n + 20)  # it makes progress: not left stopped
+        stopped = [p.pid for p in psutil.process_iter(["cmdline", "status"])
+                   if p.info["cmdline"] == ARGV and p.info["status"] == psutil.STATUS_STOPPED]
+        assert stopped == [], f"copies left stopped: {stopped}"
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + c.log_tails("health", "scheduler", "checkpointer-n1", "checkpointer-n2",
+                                                      lines=40)) from None
+    finally:
+        copies.stop()
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
