@@ -64,7 +64,8 @@ def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(s
                                                       lines=40)) from None
     finally:
         copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}\n" + c.log_tails(
+        "health", "scheduler", "checkpointer-n1", "checkpointer-n2", lines=40)
     assert moved["restarts"] >= 1
     status = c.json("status", "cut")
     assert status["node"] == "n2" and status["state"] == "running", status
