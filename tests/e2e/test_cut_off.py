@@ -8,6 +8,7 @@ one until the node heard the bus again; with it the old copy is stopped before t
 declared, and killed once the node is back and reads that the job moved on."""
 
 import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
 # a counter with a command line of its own, for the copy count
 ARGV = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done # cut-off"]
-TABLE = "ferry_test_cut_off"
+TABLE = f"ferry_test_cut_off_{os.getpid()}"  # one per test process: two never remove each other's
 
 
 @contextlib.contextmanager
