@@ -8,6 +8,19 @@ from collections.abc import Sequence
 import psutil
 
 NOT_RUNNING = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE)
+SIGKILL_BIT = 1 << 8
+
+
+def dying(pid: int) -> bool:
+    """SIGKILL is pending for `pid`: it runs no more of its own code. A stopped process killed on a
+    loaded machine shows "running" for a while (tens of ms measured here, more under load) until
+    the kernel gets to tear it down; a copy the fence is killing is not a second copy running."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return bool((int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)) & SIGKILL_BIT)
+    except (OSError, KeyError, ValueError):
+        return True  # gone
 
 
 class Copies(threading.Thread):
@@ -22,7 +35,7 @@ class Copies(threading.Thread):
 
     def running(self) -> list[psutil.Process]:
         return [p for p in psutil.process_iter(["cmdline", "status", "ppid", "create_time"])
-                if p.info["cmdline"] == self.argv and p.info["status"] not in NOT_RUNNING]
+                if p.info["cmdline"] == self.argv and p.info["status"] not in NOT_RUNNING and not dying(p.pid)]
 
     def run(self) -> None:
         while not self.done.wait(0.05):
