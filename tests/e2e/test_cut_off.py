@@ -1,14 +1,18 @@
-"""A node cut off from the bus holds its jobs before anyone may declare it lost.
+"""A node cut off from the bus, or whose checkpointer is paused, holds its jobs before anyone may
+declare it lost.
 
 Its checkpointer's connection to NATS is cut with nftables (packets dropped both ways, the socket
 kept: the client sees no error, its writes just never arrive), so the node falls silent while its
 job runs on. The other node keeps beating, health declares the silent one lost and the scheduler
 restores the job on n2 from its last checkpoint. Without the hold the old copy ran beside the new
 one until the node heard the bus again; with it the old copy is stopped before the loss can be
-declared, and killed once the node is back and reads that the job moved on."""
+declared, and killed once the node is back and reads that the job moved on. A paused checkpointer
+can stop nothing itself: the job's own monitor holds it when the lease the checkpointer no longer
+renews runs out."""
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -106,3 +110,36 @@ def test_a_checkpointer_killed_while_it_holds_a_job_leaves_nothing_stopped(small
     finally:
         copies.stop()
     assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
+
+
+def test_a_paused_checkpointer_never_lets_a_job_run_beside_its_restored_copy(small_cluster: Cluster) -> None:
+    """SIGSTOP to n1's checkpointer: no beat, no lease, health declares n1 lost and the job is restored
+    on n2. The old copy's monitor holds it when the lease runs out; SIGCONT, and the checkpointer
+    reads that the job moved on and kills the copy."""
+    c = small_cluster
+    job = c.json("run", "--name", "paused", "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
+    c.wait_lines("paused", 10)
+    wait_until(lambda: c.json("status", "paused")["last_checkpoint"], 30, "a periodic checkpoint")
+    old = workload_pid(c, "n1", job["id"])
+    copies = Copies(ARGV)
+    copies.start()
+    checkpointer = c.service_pid("checkpointer@n1")
+    try:
+        os.kill(checkpointer, signal.SIGSTOP)
+        try:
+            wait_until(lambda: proc_state(old) == "T", 30, "the old copy to be held by its monitor")
+            moved = wait_until(lambda: (s := c.json("status", "paused"))["node"] == "n2" and s["state"] == "running"
+                               and s, 60, "the job to be restored on n2")
+            c.wait_lines("paused", c.logs("paused").count("\n") + 20)
+            assert proc_state(old) == "T", f"the copy {old} on the silent node is {proc_state(old)}, not held"
+        finally:
+            os.kill(checkpointer, signal.SIGCONT)
+        wait_until(lambda: not psutil.pid_exists(old) or proc_state(old) == "Z", 30, "the stale copy to be killed")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + c.log_tails("health", "scheduler", "checkpointer-n1", "checkpointer-n2",
+                                                      lines=40)) from None
+    finally:
+        copies.stop()
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
+    assert moved["restarts"] >= 1
+    wait_until(lambda: [n["state"] for n in c.json("nodes")] == ["ready", "ready"], 30, "n1 to be ready again")

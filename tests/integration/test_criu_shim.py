@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from ferry.criu.errors import LaunchFailed, RestoreFailed
+from ferry.criu.hold import HELD_FILE, read_held, write_lease
 from ferry.criu.jobdir import JobDir
 from ferry.criu.launch import launch, restore
-from ferry.criu.linux import is_gone, ns_pids
+from ferry.criu.linux import is_gone, ns_pids, proc_state, process_tree
 from ferry.criu.runner import CriuRunner
 from tests.integration.criu_helpers import ENV, wait_exit, wait_for
 
@@ -123,3 +124,28 @@ async def test_restore_failure_carries_the_criu_log(tmp_path: Path, criu_ok: Cri
     assert any("Error" in line and "stdout" in line for line in err.log_excerpt), err.log_excerpt
     assert len(err.log_excerpt) <= 30
     assert JobDir(tmp_path / "b").read_shim() is None
+
+
+async def test_the_monitor_holds_its_workload_while_the_nodes_lease_is_out(tmp_path: Path, pids: list[int]) -> None:
+    """A job folder as a node keeps it (``<work>/jobs/<job>``, the lease in ``<work>``): past the
+    lease, the monitor stops every process of the tree on its own, and resumes them when it is
+    renewed; the workload ends as it would have."""
+    job = JobDir(tmp_path / "jobs" / "held")
+    lease = tmp_path / "lease"
+    write_lease(lease, time.time() + 1.5)
+    info = await launch(job, ["sh", "-c", "sleep 60 & wait"], cwd=tmp_path, env=ENV, incarnation=2)
+    pids.append(info.pid)
+    await wait_for("the tree", lambda: len(process_tree(info.pid)) == 2)
+    tree = process_tree(info.pid)
+    assert {proc_state(p) for p in tree} <= {"S", "R"}
+    await wait_for("the hold", lambda: {proc_state(p) for p in tree} == {"T"}, 5)
+    held = read_held(job)
+    assert held is not None and held.incarnation == 2 and set(tree) <= set(held.pids)
+    await asyncio.sleep(0.5)
+    assert {proc_state(p) for p in tree} == {"T"}  # still held
+    write_lease(lease, time.time() + 60)
+    await wait_for("the release", lambda: {proc_state(p) for p in tree} <= {"S", "R"}, 5)
+    assert not (job.path / HELD_FILE).exists()
+    os.kill(tree[1], signal.SIGTERM)  # its child ends: so does the workload, as it would have
+    ended = await wait_exit(job)
+    assert (ended.code, ended.incarnation) == (0, 2)

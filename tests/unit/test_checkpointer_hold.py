@@ -1,7 +1,7 @@
-"""Self-fencing (ferry.checkpointer.hold): the lease a beat gives, and the holds a run-out lease
-takes on real process trees, released to exactly what they stopped."""
+"""Self-fencing (ferry.checkpointer.hold, ferry.criu.hold): the lease a beat gives, what the
+checkpointer grants of it, and the holds a monitor takes on real process trees when it runs out,
+released to exactly what they stopped."""
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -12,10 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from ferry.checkpointer.hold import HELD_FILE, JobHolds, Lease, hold_tree, read_held, release_tree
+from ferry.checkpointer.hold import JobHolds, Lease
+from ferry.criu.hold import (
+    HELD_FILE,
+    HOLD_PASS_S,
+    NO_LEASE_S,
+    LeaseWatch,
+    held_since,
+    hold_tree,
+    read_held,
+    read_lease,
+    release_tree,
+    write_lease,
+)
 from ferry.criu.jobdir import JobDir, ShimInfo
-from ferry.criu.lazy_common import proc_state
-from ferry.criu.linux import process_tree
+from ferry.criu.linux import proc_state, process_tree
 
 TREE = "sleep 60 & sleep 60 & echo ready; wait"
 
@@ -32,7 +43,8 @@ def tree() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def job(tmp_path: Path, root: subprocess.Popen[bytes], incarnation: int = 3) -> tuple[JobDir, ShimInfo]:
-    jd = JobDir(tmp_path / "job1").create()
+    """A job folder as a node keeps it: ``<work>/jobs/job1``, the node's lease in ``<work>``."""
+    jd = JobDir(tmp_path / "jobs" / "job1").create()
     shim = ShimInfo(shim_pid=root.pid, pid=root.pid, incarnation=incarnation, started=time.time(), mode="launch")
     jd.write_shim(shim)
     return jd, shim
@@ -63,71 +75,78 @@ def test_the_lease_ends_a_margin_before_health_may_declare_the_node_lost() -> No
 
 def test_a_hold_stops_what_runs_and_its_release_resumes_only_that(tmp_path: Path,
                                                                   tree: subprocess.Popen[bytes]) -> None:
-    jd, shim = job(tmp_path, tree)
+    jd, _ = job(tmp_path, tree)
     pids = process_tree(tree.pid)
     assert len(pids) == 3 and states(pids) == {"S"}
     stopped_before = pids[2]  # stopped by someone else (a user's SIGSTOP): the release leaves it stopped
     os.kill(stopped_before, signal.SIGSTOP)
     time.sleep(0.05)
-    assert sorted(hold_tree(jd, shim)) == sorted(pids[:2])
+    assert sorted(hold_tree(jd, tree.pid, 3)) == sorted(pids[:2])
     time.sleep(0.05)
     assert states(pids) == {"T"}
     held = read_held(jd)
     assert held is not None and held.incarnation == 3 and held.pids == sorted(pids[:2])
-    assert hold_tree(jd, shim) == []  # a second pass stops nothing new
-    assert sorted(release_tree(jd)) == sorted(pids[:2])
+    assert held_since(jd, 3) and not held_since(jd, 4)
+    assert hold_tree(jd, tree.pid, 3) == []  # a second pass stops nothing new
+    assert sorted(release_tree(jd, tree.pid, 3)) == sorted(pids[:2])
     time.sleep(0.05)
     assert states(pids[:2]) == {"S"} and proc_state(stopped_before) == "T"
     assert not (jd.path / HELD_FILE).exists()
 
 
 def test_a_release_leaves_another_incarnation_stopped(tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
-    jd, shim = job(tmp_path, tree)
-    hold_tree(jd, shim)
-    jd.write_shim(shim.model_copy(update={"incarnation": 4}))  # a copy restored here since
-    assert release_tree(jd) == []
+    jd, _ = job(tmp_path, tree)
+    hold_tree(jd, tree.pid, 3)
+    assert release_tree(jd, tree.pid, 4) == []  # a copy restored here since is not the one held
     assert states(process_tree(tree.pid)) == {"T"} and not (jd.path / HELD_FILE).exists()
 
 
-async def test_holds_follow_the_lease_and_refuse_dumps_while_held(tmp_path: Path,
-                                                                  tree: subprocess.Popen[bytes]) -> None:
-    _, shim = job(tmp_path, tree)
-    lease = Lease(timeout_s=1.2, interval_s=0.1)  # runs out 0.9 s after a beat (margin 0.3 s)
-    lease.renew(time.time(), False, time.time())
-    holds = JobHolds(tmp_path, lease, lambda: {"job1": shim}, lambda job_id: False)
-    assert holds.dump_refused("job1", time.time()) is None
-    stopping = asyncio.Event()
-    loop = asyncio.create_task(holds.run(stopping))
-    try:
-        await asyncio.sleep(0.5)
-        assert states(process_tree(tree.pid)) == {"S"}  # the lease holds: nothing stopped
-        await asyncio.sleep(0.8)  # no beat landed since
-        assert states(process_tree(tree.pid)) == {"T"} and holds.held == {"job1"}
-        refused = holds.dump_refused("job1", time.time())
-        assert refused is not None and "held" in refused
-        await holds.release_all(time.time())  # the lease is still out: nothing resumes
-        assert states(process_tree(tree.pid)) == {"T"}
-        lease.renew(time.time(), False, time.time())
-        await holds.release_all(time.time())
-        await asyncio.sleep(0.05)
-        assert states(process_tree(tree.pid)) == {"S"} and holds.held == set()
-    finally:
-        stopping.set()
-        await loop
+def test_a_monitor_holds_its_tree_while_the_lease_is_out_and_resumes_it_when_renewed(
+        tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
+    jd, _ = job(tmp_path, tree)
+    lease = tmp_path / "lease"
+    watch = LeaseWatch(jd, tree.pid, 3)
+    assert watch.lease == lease
+    assert watch.tick(100.0) == NO_LEASE_S  # no lease on this node (yet): nothing held
+    assert states(process_tree(tree.pid)) == {"S"}
+    write_lease(lease, 102.5)
+    assert read_lease(lease) == 102.5
+    assert watch.tick(100.0) == pytest.approx(2.5)  # the next look when it runs out
+    assert states(process_tree(tree.pid)) == {"S"}
+    assert watch.tick(102.5) == HOLD_PASS_S  # run out: held, and looked at again soon
+    time.sleep(0.05)
+    assert states(process_tree(tree.pid)) == {"T"} and held_since(jd, 3)
+    assert watch.tick(102.7) == HOLD_PASS_S  # still out: nothing more to stop
+    write_lease(lease, 110.0)
+    assert watch.tick(103.0) == pytest.approx(7.0)  # renewed: resumed
+    time.sleep(0.05)
+    assert states(process_tree(tree.pid)) == {"S"} and not (jd.path / HELD_FILE).exists()
 
 
-async def test_a_tree_being_dumped_is_held_only_once_the_dump_ended(tmp_path: Path,
-                                                                     tree: subprocess.Popen[bytes]) -> None:
-    _, shim = job(tmp_path, tree)
-    holds = JobHolds(tmp_path, Lease(3.0, 0.5), lambda: {"job1": shim}, lambda job_id: False)  # run out
-    with holds.dump_of("job1"):
-        await holds.hold_all()
-        assert states(process_tree(tree.pid)) == {"S"} and holds.held == set()
-    await holds.hold_all()
-    await asyncio.sleep(0.05)
-    assert states(process_tree(tree.pid)) == {"T"}
-    # a restarted checkpointer finds the hold in the job's folder
-    assert JobHolds(tmp_path, Lease(3.0, 0.5), dict, lambda job_id: False).held == {"job1"}
+def test_the_checkpointer_grants_the_lease_after_a_beat_and_refuses_dumps_without_it(
+        tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
+    jd, shim = job(tmp_path, tree)
+    lease = Lease(timeout_s=3.0, interval_s=0.5)
+    holds = JobHolds(tmp_path, lease)
+    now = time.time()
+    refused = holds.dump_refused(jd, now)
+    assert refused is not None and "bus" in refused  # nothing granted yet
+    holds.grant(now)  # no beat landed: nothing to grant
+    assert read_lease(tmp_path / "lease") is None
+    lease.renew(now, False, now)
+    holds.grant(now)
+    assert read_lease(tmp_path / "lease") == pytest.approx(now + 2.0, abs=0.01)
+    assert holds.dump_refused(jd, now) is None
+    assert JobHolds(tmp_path, Lease(3.0, 0.5)).granted == pytest.approx(now + 2.0, abs=0.01)  # a restart reads it
+    hold_tree(jd, tree.pid, shim.incarnation)
+    refused = holds.dump_refused(jd, now)
+    assert refused is not None and "held" in refused
+    release_tree(jd, tree.pid, shim.incarnation)
+    # back after a declared loss: nothing granted for one more timeout, so the fence acts first
+    lease.renew(now + 1, True, now + 1)
+    holds.grant(now + 1.5)
+    assert read_lease(tmp_path / "lease") == pytest.approx(now + 2.0, abs=0.01)
+    assert holds.dump_refused(jd, now + 2.5) is not None
 
 
 def test_a_failed_final_dump_gives_the_tree_back_to_the_hold_while_the_lease_is_out(
@@ -136,19 +155,20 @@ def test_a_failed_final_dump_gives_the_tree_back_to_the_hold_while_the_lease_is_
     pids = process_tree(tree.pid)
     for p in pids:  # as --leave-stopped leaves it
         os.kill(p, signal.SIGSTOP)
-    holds = JobHolds(tmp_path, Lease(3.0, 0.5), dict, lambda job_id: False)
+    holds = JobHolds(tmp_path, Lease(3.0, 0.5))  # nothing granted
     holds.give_back(jd, shim)
     time.sleep(0.05)
     held = read_held(jd)
     assert states(pids) == {"T"} and held is not None and held.pids == sorted(pids)
+    # the monitor resumes it once the lease is granted
     holds.lease.renew(time.time(), False, time.time())
-    release_tree(jd)
+    holds.grant(time.time())
+    LeaseWatch(jd, tree.pid, shim.incarnation).tick(time.time())
     time.sleep(0.05)
     assert states(pids) == {"S"}
     # with the lease good, a give-back resumes at once
     for p in pids:
         os.kill(p, signal.SIGSTOP)
-    holds.held.clear()
     holds.give_back(jd, shim)
     time.sleep(0.05)
     assert states(pids) == {"S"}

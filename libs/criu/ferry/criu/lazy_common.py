@@ -170,14 +170,6 @@ def signal_all(pids: Sequence[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def proc_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 async def copy_images(src: Path, dst: Path) -> int:
     """Copy every image file of ``src`` (all but ``STAYS_BEHIND``) into ``dst``; return the bytes."""
 

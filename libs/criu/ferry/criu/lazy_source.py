@@ -36,11 +36,10 @@ from ferry.criu.lazy_common import (
     LiveMoveFailed,
     ensure_pipe_limits,
     frozen_ms_from_log,
-    proc_state,
     signal_all,
     tree_pids,
 )
-from ferry.criu.linux import is_gone
+from ferry.criu.linux import is_gone, proc_state
 from ferry.criu.procfs_guard import cwd_dump_lock
 from ferry.criu.progress import last_write
 from ferry.criu.runner import DUMP_LOG, DUMP_MOUNTS

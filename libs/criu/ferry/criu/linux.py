@@ -328,6 +328,15 @@ def is_gone(pid: int) -> bool:
         return False
 
 
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``/proc/PID/stat`` (R, S, T: stopped, t: traced, Z...), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def process_tree(pid: int) -> list[int]:
     """``pid`` and all its descendants, parents first ([] when ``pid`` is gone). For a workload
     that is PID 1 of its own namespace, that is every process of the job."""

@@ -53,6 +53,7 @@ from ferry.criu import container
 from ferry.criu.binary import find_criu
 from ferry.criu.external import is_external_key
 from ferry.criu.handoff import HandoffReply, write_reply
+from ferry.criu.hold import LeaseWatch
 from ferry.criu.jobdir import ExitInfo, JobDir, ShimInfo
 from ferry.criu.linux import (
     CLONE_NEWPID,
@@ -319,6 +320,7 @@ def _wait_workload(job_dir: JobDir, pid: int, incarnation: int) -> int:
         if wpid != pid:
             log.info("reaped orphan %d (status %#x)", wpid, status)
             continue
+        LeaseWatch.disarm()
         code = os.waitstatus_to_exitcode(status)
         info = ExitInfo(
             code=code if code >= 0 else None,
@@ -349,6 +351,8 @@ def _started(plan_dir: JobDir, report: Report, pid: int, incarnation: int,
         raise
     log.info("%s: workload pid %d, incarnation %d", mode, pid, incarnation)
     report({"ok": True, "pid": pid, "shim_pid": info.shim_pid})
+    # held while the node's lease is out: it may be declared lost and the job restored elsewhere
+    LeaseWatch(plan_dir, pid, incarnation).arm()
 
 
 # -- launch --------------------------------------------------------------------------------------

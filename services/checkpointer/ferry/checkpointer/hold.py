@@ -1,47 +1,31 @@
-"""A node cut off from the bus holds its jobs before anyone may declare it lost (self-fencing).
+"""A node that falls silent holds its jobs before anyone may declare it lost (self-fencing): the
+checkpointer's side.
 
 Health declares a node lost once the heartbeat in its record is ``heartbeat_timeout_s`` old, and the
 scheduler then restores the node's jobs elsewhere from their last checkpoints. A node that is alive
-but cannot reach the bus (its NATS server died, a network cut) keeps running those jobs: both
-copies ran until the node heard the bus again and fenced its own (``CheckpointerService.fence``).
+but silent (its NATS server died, a network cut, its checkpointer paused or down) would keep
+running those jobs beside their restored copies.
 
 So each beat that lands is a lease (``Lease``): it runs until ``heartbeat + timeout - margin``,
-before health may act. When it runs out, every job here is held: the processes of its tree that
-run get SIGSTOP (``hold_tree``), and which ones is written into the job's folder, so that a
-restarted checkpointer knows. A beat that lands again, and the fence after it (a copy the job moved
-away from is killed), release the others: SIGCONT to exactly the processes the hold stopped
-(``release_tree``). A node that finds itself declared lost when it is back waits one more timeout
-first: the scheduler acts on the loss by bumping the job's incarnation, and the fence then kills
-the copy instead.
+before health may act. After the beat and the fence that follows it (a copy the job moved away
+from is killed), the checkpointer writes it into the node's lease file (``JobHolds.grant``); each
+job's monitor holds its tree when that runs out and releases it when it is renewed
+(``ferry.criu.hold``). A node that finds itself declared lost when it is back grants nothing for
+one more timeout: the scheduler acts on the loss by bumping the job's incarnation, and the fence
+then kills the copy instead.
 
-While a job is held, no CRIU dump of it starts: CRIU records a stopped task as stopped, and its
-restore would stay stopped (``CheckpointerService.dump_refused``). A job cut off is thus paused, not
-lost, and never runs beside its restored copy. What this does not cover: a checkpointer that is
-itself paused or down for longer than the timeout holds nothing (the shims run on without it).
+No CRIU dump starts while the lease is out or the job is held, and a dump during which a hold
+landed is discarded: CRIU records a stopped task as stopped, and its restore would stay stopped.
 """
 
-import asyncio
-import contextlib
-import logging
-import os
 import signal
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from ferry.criu.jobdir import JobDir, ShimInfo, write_json_atomic
-from ferry.criu.lazy_common import proc_state
-from ferry.criu.linux import process_tree
+from ferry.criu.hold import HELD_FILE, hold_tree, lease_path, read_lease, write_lease
+from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.node.procs import signal_tree
-
-log = logging.getLogger(__name__)
-
-HELD_FILE = "held.json"
-"""In a held job's folder: the incarnation held and the processes the hold stopped."""
-NOT_RUNNING = frozenset("TtZX")  # /proc/PID/stat states: stopped, traced, zombie, dead
 
 
 @dataclass
@@ -77,136 +61,36 @@ class Lease:
         return not self.expired(now) and now >= self.release_after
 
 
-class Held(BaseModel):
-    incarnation: int
-    pids: list[int]
-
-
-def read_held(jd: JobDir) -> Held | None:
-    try:
-        return Held.model_validate_json((jd.path / HELD_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
-def hold_tree(jd: JobDir, shim: ShimInfo, *, stopped_too: bool = False) -> list[int]:
-    """Stops the processes of the job's tree that run, and adds them to its held file; returns
-    those it stopped now. `stopped_too`: takes the stopped ones too (a final dump left the tree
-    stopped and gave up: the release is to resume it). A process forked while the tree is read is
-    caught by the next pass (the caller repeats while the lease is out)."""
-    held = read_held(jd)
-    pids = set(held.pids) if held is not None and held.incarnation == shim.incarnation else set()
-    stopped = []
-    for pid in process_tree(shim.pid):
-        if pid in pids:
-            continue
-        state = proc_state(pid)
-        if state is None:  # gone
-            continue
-        if state in NOT_RUNNING:
-            if stopped_too:
-                pids.add(pid)
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-            pids.add(pid)
-    if pids and (held is None or set(held.pids) != pids):
-        write_json_atomic(jd.path / HELD_FILE, Held(incarnation=shim.incarnation, pids=sorted(pids)))
-    return stopped
-
-
-def release_tree(jd: JobDir) -> list[int]:
-    """Resumes what the hold stopped, when that copy still runs here (a copy the fence killed, or
-    another incarnation, is left alone); removes the held file; returns the processes resumed."""
-    held = read_held(jd)
-    shim = jd.read_shim()
-    resumed = []
-    if held is not None and shim is not None and shim.incarnation == held.incarnation:
-        tree = set(process_tree(shim.pid))
-        for pid in held.pids:
-            if pid in tree:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-                    resumed.append(pid)
-    (jd.path / HELD_FILE).unlink(missing_ok=True)
-    return resumed
-
-
-HOLD_PASS_S = 0.2  # while the lease is out: how often the jobs are looked at again (new processes, a dump that ended)
-
-
 class JobHolds:
-    """The holds of one node's jobs: taken while its lease is out, released after a beat that
-    landed and the fence after it. `running()`: the node's running jobs; `busy(job_id)`: the job
-    is the frozen source of a live move, whose op owns its stopped state."""
+    """What the checkpointer does for the holds of its node's jobs: grants the lease its monitors
+    follow, refuses dumps while it is out, and gives a tree a failed final dump left stopped back
+    to the hold."""
 
-    def __init__(self, jobs_dir: Path, lease: Lease, running: Callable[[], dict[str, ShimInfo]],
-                 busy: Callable[[str], bool]) -> None:
-        self.jobs_dir, self.lease, self.running, self.busy = jobs_dir, lease, running, busy
-        # a restarted checkpointer keeps its predecessor's holds until its own beat releases them
-        self.held = {d.name for d in jobs_dir.iterdir() if (d / HELD_FILE).exists()}
-        self.dumping: set[str] = set()  # a CRIU dump of these runs now: held once it ended
+    def __init__(self, work_dir: Path, lease: Lease) -> None:
+        self.path, self.lease = lease_path(work_dir), lease
+        # the deadline last written (by a predecessor too): the monitors hold the jobs from then on
+        self.granted = read_lease(self.path) or float("-inf")
 
-    def dump_refused(self, job_id: str, now: float) -> str | None:
-        """Why no dump of `job_id` may start now, or None. Checked, then ``dumping`` entered, with
-        no await between: a hold never stops a tree CRIU is dumping."""
-        if job_id in self.held:
+    def grant(self, now: float) -> None:
+        """After a beat landed and the fence killed the copies that moved on: the monitors may run
+        their jobs until the lease's deadline (and release those they held)."""
+        if not self.lease.may_release(now) or self.lease.deadline <= self.granted:
+            return
+        write_lease(self.path, self.lease.deadline)
+        self.granted = self.lease.deadline
+
+    def dump_refused(self, jd: JobDir, now: float) -> str | None:
+        """Why no dump of the job in `jd` may start now, or None."""
+        if (jd.path / HELD_FILE).exists():
             return "the job is held: this node lost the bus, and a dump now would record it stopped"
-        if self.lease.expired(now):
+        if now >= self.granted:  # what the monitors go by
             return f"this node has not reached the bus for {now - self.lease.heartbeat:.1f}s: its jobs are held"
         return None
 
-    @contextlib.contextmanager
-    def dump_of(self, job_id: str) -> Iterator[None]:
-        self.dumping.add(job_id)
-        try:
-            yield
-        finally:
-            self.dumping.discard(job_id)
-
     def give_back(self, jd: JobDir, shim: ShimInfo) -> None:
         """A stop that did not happen (a final dump that failed) lets the tree run on, unless the
-        node's jobs are held: then the hold takes it, and its release resumes it."""
-        name = jd.path.name
-        if name in self.held or self.lease.expired(time.time()):
-            hold_tree(jd, shim, stopped_too=True)
-            self.held.add(name)
+        node's jobs are held: then the hold takes it, and its monitor resumes it with the lease."""
+        if (jd.path / HELD_FILE).exists() or time.time() >= self.granted:
+            hold_tree(jd, shim.pid, shim.incarnation, stopped_too=True)
         else:
             signal_tree(shim.pid, signal.SIGCONT)
-
-    async def hold_all(self) -> None:
-        for job_id, shim in self.running().items():
-            if job_id in self.dumping or self.busy(job_id):
-                continue
-            jd = JobDir(self.jobs_dir / job_id, canonical=True)
-            stopped = await asyncio.to_thread(hold_tree, jd, shim)
-            if stopped and job_id not in self.held:
-                log.warning("this node cannot reach the bus: job %s held (processes %s) until it can, so that "
-                            "it never runs beside a copy restored elsewhere", job_id, stopped)
-            self.held.add(job_id)
-
-    async def release_all(self, now: float) -> None:
-        """After a beat landed and the fence killed the copies that moved on."""
-        if not self.held or not self.lease.may_release(now):
-            return
-        for job_id in sorted(self.held):
-            resumed = await asyncio.to_thread(release_tree, JobDir(self.jobs_dir / job_id, canonical=True))
-            log.warning("this node reaches the bus again: job %s released (processes %s resumed)", job_id, resumed)
-            self.held.discard(job_id)
-
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Holds the jobs whenever the lease runs out, until the service stops."""
-        while not stopping.is_set():
-            now = time.time()
-            if self.lease.expired(now):
-                try:
-                    await self.hold_all()
-                except OSError as exc:  # a job folder or /proc read: the next pass again
-                    log.warning("holding the jobs: %s", exc)
-                wait = HOLD_PASS_S
-            else:
-                wait = max(self.lease.deadline - now, 0.01)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await stopping.wait()

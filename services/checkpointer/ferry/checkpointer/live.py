@@ -27,6 +27,7 @@ from ferry.common import wire
 from ferry.common.models import Job
 from ferry.common.moves import LiveFrozen
 from ferry.criu.errors import CriuError
+from ferry.criu.hold import held_since
 from ferry.criu.jobdir import JobDir
 from ferry.criu.lazy_common import STAYS_BEHIND, LiveMoveFailed, signal_all
 from ferry.criu.lazy_source import LazySource
@@ -103,9 +104,11 @@ class LiveSource(NodeService):
         cpu_s, cores = await asyncio.to_thread(self.usage.before_dump, job.id, shim.pid, cmd.incarnation)
         try:
             self.faults.raise_at(cmd.options, "freeze", LiveMoveFailed, source_running=True)
-            if (why := self.holds.dump_refused(job.id, time.time())) is not None:
+            if (why := self.holds.dump_refused(jd, time.time())) is not None:
                 raise LiveMoveFailed(why, source_running=True)
             frozen = await source.freeze()
+            if held_since(jd, cmd.incarnation):  # a hold landed as CRIU seized it: the target would run it stopped
+                raise LiveMoveFailed("this node lost the bus during the freeze (the job is held)", source_running=True)
         except LiveMoveFailed as exc:
             self.live.pop(job.id, None)
             if source.stopped:

@@ -30,6 +30,7 @@ from ferry.common.models import CheckpointRecord, Job
 from ferry.common.tracing import tracer
 from ferry.criu import container
 from ferry.criu.errors import CriuError, DumpFailed, ImageError
+from ferry.criu.hold import held_since
 from ferry.criu.images import find_page_maps
 from ferry.criu.jobdir import JobDir
 from ferry.criu.runner import CriuRunner, DumpResult, job_criu_args
@@ -126,7 +127,7 @@ class CheckpointPipeline:
             else:
                 log.warning("%s: its stop checkpoint %s did not commit before a restart; it runs on",
                             d.name, checkpoint or "-")
-                signal_tree(shim.pid, signal.SIGCONT)
+                await asyncio.to_thread(self.host.holds.give_back, jd, shim)  # or, the lease out, waits for it
                 marker.unlink(missing_ok=True)
 
     def committed(self, job_id: str, checkpoint: str) -> bool:
@@ -263,10 +264,9 @@ class CheckpointPipeline:
                 ckpt = default_checkpointer()
                 gpu = ckpt, await suspend_for_dump(pid, ckpt, nvml=self.host.nvml())
         try:
-            # no await between the check and the dump's start: a hold never stops a tree CRIU dumps
-            if (why := self.host.holds.dump_refused(job.id, time.time())) is not None:
+            if (why := self.host.holds.dump_refused(jd, time.time())) is not None:
                 raise DumpFailed(why)
-            with self.host.holds.dump_of(job.id), _tracer.start_as_current_span("criu.dump") as span:
+            with _tracer.start_as_current_span("criu.dump") as span:
                 # A final checkpoint leaves the tree stopped, not killed, until the upload committed:
                 # if the upload fails the job simply continues.
                 dump = await container.checkpoint(jd, images, final=cmd.stop) \
@@ -276,6 +276,8 @@ class CheckpointPipeline:
                                                         *job_criu_args(job.network, cmd.options.criu_args,
                                                                        adopted=job.adopted)])
                 span.set_attribute("ferry.dump_ms", dump.wall_ms)
+            if held_since(jd, cmd.incarnation):  # a hold landed as CRIU seized the tree: it would restore stopped
+                raise DumpFailed("this node lost the bus while CRIU dumped the job (it is held): the dump is discarded")
         except CriuError:
             if gpu is not None:  # CRIU resumed the tree: give it its GPU state back
                 await resume_after_dump(pid, gpu[0], pids=gpu[1].pids)

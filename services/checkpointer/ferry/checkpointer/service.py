@@ -94,7 +94,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         self.recover_live_moves()
         # the node's lease on its jobs: each beat that lands renews it (ferry.checkpointer.hold)
         lease = Lease(self.settings.heartbeat_timeout_s, self.settings.heartbeat_interval_s)
-        self.holds = JobHolds(self.jobs_dir, lease, self.running_jobs, self.live_busy)
+        self.holds = JobHolds(self.work_dir, lease)
         await self.pipeline.recover_interrupted_stops()
         if not self.criu_status.ok:
             log.error("CRIU is not usable on this node: %s", self.criu_status.error)
@@ -134,7 +134,6 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                                  handler=self.on_command, concurrency=4, ack_wait=NODE_ACK_WAIT_S,
                                  stop=self.stopping, drain_s=self.settings.drain_timeout_s),
                 self.heartbeat_loop(),
-                self.holds.run(self.stopping),
                 self.exit_watch_loop(),
                 self.notice_loop(),
                 self.jobnet_loop(jobs),
@@ -303,10 +302,6 @@ class Checkpointer(GangMember, LiveSource, NodeService):
     def in_any_live_move(self, jd: JobDir) -> bool:
         return self.live_marker(jd) is not None
 
-    def live_busy(self, job_id: str) -> bool:
-        """The job is the source of a live move here: that op owns its stopped state, not a hold."""
-        return job_id in self.live or self.in_any_live_move(self.job_dir(job_id))
-
     def lazy_pages_error(self) -> str | None:
         st = self.criu_status
         if not st.ok:
@@ -323,7 +318,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                 local = self.running_jobs()  # read once for both
                 await self.beat(local)
                 await self.fence(local)
-                await self.holds.release_all(time.time())  # only now: the fence killed what moved on
+                self.holds.grant(time.time())  # only now: the fence killed what moved on
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
             with contextlib.suppress(asyncio.TimeoutError):
