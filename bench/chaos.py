@@ -50,6 +50,8 @@ from typing import Any
 import psutil
 from benchkit import machine, run_directory, uptime
 
+from ferry.sim.copies import CopyCounter, copies_of
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FERRY_SHARED_DIR", ROOT.parent / "shared")) / "workloads"
 WORKLOADS = SHARED if SHARED.is_dir() else ROOT / "examples"
@@ -134,50 +136,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def running_copies(argv: list[str], seen: list[str] | None = None) -> tuple[int, int]:
-    """(processes running exactly `argv`, those of them stopped), but for this process's own
-    children: the uninterrupted reference runs of the same command. `seen`: where each running
-    one is described (pid, parent, state, start in clock ticks since boot), for a report."""
-    want = "\0".join(argv).encode() + b"\0"
-    running = stopped = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if (d / "cmdline").read_bytes() != want:
-                continue
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, ppid = fields[:2]
-        if int(ppid) == os.getpid():
-            continue
-        if state in ("T", "t"):
-            stopped += 1
-        elif state != "Z":
-            running += 1
-            if seen is not None:
-                seen.append(f"pid {d.name} ppid {ppid} state {state} started {fields[19]}")
-    return running, stopped
-
-
-class Sampler(threading.Thread):
-    """Counts the running copies of a command every 0.1 s; remembers the most seen at once."""
-
-    def __init__(self, argv: list[str], t0: float) -> None:
-        super().__init__(daemon=True)
-        self.argv, self.t0, self.most, self.done = argv, t0, 0, threading.Event()
-        self.first_many: list[str] = []  # the copies of the first sample with more than one: which they were
-
-    def run(self) -> None:
-        while not self.done.wait(0.1):
-            seen: list[str] = []
-            count = running_copies(self.argv, seen)[0]
-            if count > 1 and not self.first_many:
-                self.first_many = [f"at {time.monotonic() - self.t0:.1f}s", *seen]  # the log's clock
-            self.most = max(self.most, count)
 
 
 def _running(pid: int) -> bool:
@@ -306,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 argv = workload(i)
                 key = tuple(argv)
                 name = f"chaos-{i}"
-                sampler = Sampler(argv, t0)
+                sampler = CopyCounter(argv, 0.1, os.getpid(), t0)  # not the reference runs: our children
                 sampler.start()
                 c.ferry("run", "--name", name, "--checkpoint-every", "2s", "--network", "host", "--", *argv)
                 for _ in range(per_job[i]):
@@ -327,10 +285,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if status.get("state") == "preempted":  # parked with a final checkpoint: bring it back
                         c.ferry("restore", name)
                     time.sleep(1)
-                sampler.done.set()
-                sampler.join()
+                sampler.stop()
                 time.sleep(1)
-                left = running_copies(argv)
+                found = copies_of(argv, os.getpid())
+                left = (sum(c.running for c in found), sum(c.state in ('T', 't') for c in found))
                 out = c.ferry("logs", name).stdout
                 verdict = "ok"
                 if status.get("state") not in ("succeeded", "failed", "killed"):

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from ferry.sim.copies import CopyCounter
 from tests.conftest import Cluster, wait_until
-from tests.copies import Copies
 from tests.e2e.test_frozen import proc_state, workload_pid
 from tests.e2e.test_resilience import kill_service
 
@@ -53,7 +53,7 @@ def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(s
     c.wait_lines("cut", 10)
     wait_until(lambda: c.json("status", "cut")["last_checkpoint"], 30, "a periodic checkpoint")
     old = workload_pid(c, "n1", job["id"])
-    copies = Copies(ARGV)
+    copies = CopyCounter(ARGV)
     copies.start()
     try:
         with cut_off(c.service_pid("checkpointer@n1")):
@@ -69,7 +69,7 @@ def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(s
                                                       lines=40)) from None
     finally:
         copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}\n" + c.log_tails(
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}\n" + c.log_tails(
         "health", "scheduler", "checkpointer-n1", "checkpointer-n2", lines=40)
     assert moved["restarts"] >= 1
     status = c.json("status", "cut")
@@ -88,7 +88,7 @@ def test_a_checkpointer_killed_while_it_holds_a_job_leaves_nothing_stopped(small
     c.wait_lines("cut-kill", 10)
     wait_until(lambda: c.json("status", "cut-kill")["last_checkpoint"], 30, "a periodic checkpoint")
     old = workload_pid(c, "n1", job["id"])
-    copies = Copies(ARGV)
+    copies = CopyCounter(ARGV)
     copies.start()
     try:
         with cut_off(c.service_pid("checkpointer@n1")):
@@ -109,7 +109,7 @@ def test_a_checkpointer_killed_while_it_holds_a_job_leaves_nothing_stopped(small
                                                       lines=40)) from None
     finally:
         copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}"
 
 
 def test_a_paused_checkpointer_never_lets_a_job_run_beside_its_restored_copy(small_cluster: Cluster) -> None:
@@ -121,7 +121,7 @@ def test_a_paused_checkpointer_never_lets_a_job_run_beside_its_restored_copy(sma
     c.wait_lines("paused", 10)
     wait_until(lambda: c.json("status", "paused")["last_checkpoint"], 30, "a periodic checkpoint")
     old = workload_pid(c, "n1", job["id"])
-    copies = Copies(ARGV)
+    copies = CopyCounter(ARGV)
     copies.start()
     checkpointer = c.service_pid("checkpointer@n1")
     try:
@@ -140,6 +140,6 @@ def test_a_paused_checkpointer_never_lets_a_job_run_beside_its_restored_copy(sma
                                                       lines=40)) from None
     finally:
         copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.seen}"
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}"
     assert moved["restarts"] >= 1
     wait_until(lambda: [n["state"] for n in c.json("nodes")] == ["ready", "ready"], 30, "n1 to be ready again")
