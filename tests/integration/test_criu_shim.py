@@ -138,7 +138,8 @@ async def test_the_monitor_holds_its_workload_while_the_nodes_lease_is_out(tmp_p
     await wait_for("the tree", lambda: len(process_tree(info.pid)) == 2)
     tree = process_tree(info.pid)
     assert {proc_state(p) for p in tree} <= {"S", "R"}
-    await wait_for("the hold", lambda: {proc_state(p) for p in tree} == {"T"}, 5)
+    # the held file is written once every process is stopped
+    await wait_for("the hold", lambda: {proc_state(p) for p in tree} == {"T"} and read_held(job) is not None, 5)
     held = read_held(job)
     assert held is not None and held.incarnation == 2 and set(tree) <= set(held.pids)
     await asyncio.sleep(0.5)
