@@ -33,3 +33,27 @@ def test_copies_are_counted_by_exact_command_line_and_a_stopped_one_does_not_run
             p.kill()
             p.wait()
     assert copies_of(argv) == []
+
+
+def test_a_copys_child_before_its_exec_is_part_of_that_copy() -> None:
+    """A shell's fork has the shell's command line until it execs: one copy, not two."""
+    argv = ["python3", "-c", "import os, time; os.fork() or time.sleep(60); time.sleep(60)", str(uuid.uuid4())]
+    proc = subprocess.Popen(argv)
+    try:
+        deadline = time.monotonic() + 5
+        while len([p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == argv]) < 2:
+            assert time.monotonic() < deadline, "the fork did not show"
+            time.sleep(0.02)
+        assert [c.pid for c in copies_of(argv)] == [proc.pid]
+    finally:
+        for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == argv]:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _cmdline(pid: str) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")[:-1]
+    except OSError:
+        return []

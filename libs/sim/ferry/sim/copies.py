@@ -1,10 +1,12 @@
 """How many copies of a job run at once, sampled from /proc: what "a job never runs twice" is
 checked against (the end-to-end tests, ``bench/chaos.py``).
 
-A copy is a process whose command line is exactly the job's. It runs unless it is stopped or
-traced (held, or frozen by CRIU), a zombie, or has SIGKILL pending: a stopped process killed on
-a loaded machine shows "running" for a while (tens of ms measured here, more under load) until
-the kernel gets to tear it down, and a copy the fence is killing is not a second copy running.
+A copy is a process whose command line is exactly the job's, and whose parent's is not (a
+shell's child has the shell's command line between its fork and its exec: it is part of that
+copy). It runs unless it is stopped or traced (held, or frozen by CRIU), a zombie, or has SIGKILL
+pending: a stopped process killed on a loaded machine shows "running" for a while (tens of ms
+measured here, more under load) until the kernel gets to tear it down, and a copy the fence is
+killing is not a second copy running.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def _dying(proc: Path) -> bool:
 
 
 def copies_of(argv: Sequence[str], not_children_of: int | None = None) -> list[Copy]:
-    """The processes whose command line is exactly `argv` now; `not_children_of`: but for that
-    process's own children (a reference run of the same command, say)."""
+    """The processes whose command line is exactly `argv` now, but for their children with the same
+    one; `not_children_of`: and for that process's own children (a reference run, say)."""
     want = "\0".join(argv).encode() + b"\0"
     found = []
     for d in Path("/proc").iterdir():
@@ -60,7 +62,8 @@ def copies_of(argv: Sequence[str], not_children_of: int | None = None) -> list[C
         if ppid == not_children_of:
             continue
         found.append(Copy(int(d.name), ppid, state, int(fields[19]), _dying(d)))
-    return found
+    pids = {c.pid for c in found}
+    return [c for c in found if c.ppid not in pids]  # a copy's own child (a fork before its exec) is part of it
 
 
 class CopyCounter(threading.Thread):
