@@ -142,11 +142,20 @@ def test_the_checkpointer_grants_the_lease_after_a_beat_and_refuses_dumps_withou
     refused = holds.dump_refused(jd, now)
     assert refused is not None and "held" in refused
     release_tree(jd, tree.pid, shim.incarnation)
+    # right after a beat, before the fence: only a lease that has not run out is extended
+    lease.renew(now + 0.5, False, now + 0.5)
+    holds.grant(now + 0.5, before_fence=True)
+    assert read_lease(tmp_path / "lease") == pytest.approx(now + 2.5, abs=0.01)
+    lease.renew(now + 3.0, False, now + 3.0)
+    holds.grant(now + 3.0, before_fence=True)  # it had run out: the monitors may hold; after the fence
+    assert read_lease(tmp_path / "lease") == pytest.approx(now + 2.5, abs=0.01)
+    holds.grant(now + 3.0)
+    assert read_lease(tmp_path / "lease") == pytest.approx(now + 5.0, abs=0.01)
     # back after a declared loss: nothing granted for one more timeout, so the fence acts first
-    lease.renew(now + 1, True, now + 1)
-    holds.grant(now + 1.5)
-    assert read_lease(tmp_path / "lease") == pytest.approx(now + 2.0, abs=0.01)
-    assert holds.dump_refused(jd, now + 2.5) is not None
+    lease.renew(now + 5.5, True, now + 5.5)
+    holds.grant(now + 6.0)
+    assert read_lease(tmp_path / "lease") == pytest.approx(now + 5.0, abs=0.01)
+    assert holds.dump_refused(jd, now + 6.0) is not None
 
 
 def test_a_failed_final_dump_gives_the_tree_back_to_the_hold_while_the_lease_is_out(

@@ -71,9 +71,13 @@ class JobHolds:
         # the deadline last written (by a predecessor too): the monitors hold the jobs from then on
         self.granted = read_lease(self.path) or float("-inf")
 
-    def grant(self, now: float) -> None:
+    def grant(self, now: float, *, before_fence: bool = False) -> None:
         """After a beat landed and the fence killed the copies that moved on: the monitors may run
-        their jobs until the lease's deadline (and release those they held)."""
+        their jobs until the lease's deadline (and release those they held). `before_fence`: right
+        after the beat, only while the last grant still runs: nothing was held for it to release,
+        and a slow fence (a read per job) does not make the monitors hold running jobs."""
+        if before_fence and now >= self.granted:
+            return
         if not self.lease.may_release(now) or self.lease.deadline <= self.granted:
             return
         write_lease(self.path, self.lease.deadline)

@@ -317,6 +317,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             try:
                 local = self.running_jobs()  # read once for both
                 await self.beat(local)
+                self.holds.grant(time.time(), before_fence=True)
                 await self.fence(local)
                 self.holds.grant(time.time())  # only now: the fence killed what moved on
             except Exception as exc:
