@@ -50,6 +50,9 @@ def job(tmp_path: Path, root: subprocess.Popen[bytes], incarnation: int = 3) -> 
     return jd, shim
 
 
+RUNNING = {"S", "R"}  # asleep, or on a CPU at the moment it was read
+
+
 def states(pids: list[int]) -> set[str | None]:
     return {proc_state(p) for p in pids}
 
@@ -77,7 +80,7 @@ def test_a_hold_stops_what_runs_and_its_release_resumes_only_that(tmp_path: Path
                                                                   tree: subprocess.Popen[bytes]) -> None:
     jd, _ = job(tmp_path, tree)
     pids = process_tree(tree.pid)
-    assert len(pids) == 3 and states(pids) == {"S"}
+    assert len(pids) == 3 and states(pids) <= RUNNING
     stopped_before = pids[2]  # stopped by someone else (a user's SIGSTOP): the release leaves it stopped
     os.kill(stopped_before, signal.SIGSTOP)
     time.sleep(0.05)
@@ -90,7 +93,7 @@ def test_a_hold_stops_what_runs_and_its_release_resumes_only_that(tmp_path: Path
     assert hold_tree(jd, tree.pid, 3) == []  # a second pass stops nothing new
     assert sorted(release_tree(jd, tree.pid, 3)) == sorted(pids[:2])
     time.sleep(0.05)
-    assert states(pids[:2]) == {"S"} and proc_state(stopped_before) == "T"
+    assert states(pids[:2]) <= RUNNING and proc_state(stopped_before) == "T"
     assert not (jd.path / HELD_FILE).exists()
 
 
@@ -108,11 +111,11 @@ def test_a_monitor_holds_its_tree_while_the_lease_is_out_and_resumes_it_when_ren
     watch = LeaseWatch(jd, tree.pid, 3)
     assert watch.lease == lease
     assert watch.tick(100.0) == NO_LEASE_S  # no lease on this node (yet): nothing held
-    assert states(process_tree(tree.pid)) == {"S"}
+    assert states(process_tree(tree.pid)) <= RUNNING
     write_lease(lease, 102.5)
     assert read_lease(lease) == 102.5
     assert watch.tick(100.0) == pytest.approx(2.5)  # the next look when it runs out
-    assert states(process_tree(tree.pid)) == {"S"}
+    assert states(process_tree(tree.pid)) <= RUNNING
     assert watch.tick(102.5) == HOLD_PASS_S  # run out: held, and looked at again soon
     time.sleep(0.05)
     assert states(process_tree(tree.pid)) == {"T"} and held_since(jd, 3)
@@ -120,7 +123,7 @@ def test_a_monitor_holds_its_tree_while_the_lease_is_out_and_resumes_it_when_ren
     write_lease(lease, 110.0)
     assert watch.tick(103.0) == pytest.approx(7.0)  # renewed: resumed
     time.sleep(0.05)
-    assert states(process_tree(tree.pid)) == {"S"} and not (jd.path / HELD_FILE).exists()
+    assert states(process_tree(tree.pid)) <= RUNNING and not (jd.path / HELD_FILE).exists()
 
 
 def test_the_checkpointer_grants_the_lease_after_a_beat_and_refuses_dumps_without_it(
@@ -174,10 +177,10 @@ def test_a_failed_final_dump_gives_the_tree_back_to_the_hold_while_the_lease_is_
     holds.grant(time.time())
     LeaseWatch(jd, tree.pid, shim.incarnation).tick(time.time())
     time.sleep(0.05)
-    assert states(pids) == {"S"}
+    assert states(pids) <= RUNNING
     # with the lease good, a give-back resumes at once
     for p in pids:
         os.kill(p, signal.SIGSTOP)
     holds.give_back(jd, shim)
     time.sleep(0.05)
-    assert states(pids) == {"S"}
+    assert states(pids) <= RUNNING
