@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -47,69 +48,79 @@ def cut_off(pid: int) -> Iterator[list[int]]:
         subprocess.run(["nft", "delete", "table", "inet", TABLE], check=True)
 
 
-def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(small_cluster: Cluster) -> None:
-    c = small_cluster
-    job = c.json("run", "--name", "cut", "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
-    c.wait_lines("cut", 10)
-    wait_until(lambda: c.json("status", "cut")["last_checkpoint"], 30, "a periodic checkpoint")
-    old = workload_pid(c, "n1", job["id"])
+LOGS = ("health", "scheduler", "checkpointer-n1", "checkpointer-n2")
+
+
+def start_on_n1(c: Cluster, name: str) -> int:
+    """The counter on n1 with a periodic checkpoint to be restored from; its workload's pid."""
+    job = c.json("run", "--name", name, "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
+    c.wait_lines(name, 10)
+    wait_until(lambda: c.json("status", name)["last_checkpoint"], 30, "a periodic checkpoint")
+    return workload_pid(c, "n1", job["id"])
+
+
+@contextlib.contextmanager
+def one_copy_at_most(c: Cluster) -> Iterator[CopyCounter]:
+    """Counts the counter's running copies while inside; fails if two ever ran at once, and puts
+    the services' logs under any failure inside."""
     copies = CopyCounter(ARGV)
     copies.start()
     try:
-        with cut_off(c.service_pid("checkpointer@n1")):
-            moved = wait_until(lambda: (s := c.json("status", "cut"))["node"] == "n2" and s["state"] == "running"
-                               and s, 60, "the job to be restored on n2")
-            # the window in which both copies ran before: the cut node cannot fence what it cannot read
-            c.wait_lines("cut", c.logs("cut").count("\n") + 20)
-            assert proc_state(old) == "T", f"the cut-off copy {old} is {proc_state(old)}, not held"
-        # back on the bus, the node reads that the job moved on and ends its stale copy
-        wait_until(lambda: not psutil.pid_exists(old) or proc_state(old) == "Z", 30, "the stale copy to be killed")
+        yield copies
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n" + c.log_tails("health", "scheduler", "checkpointer-n1", "checkpointer-n2",
-                                                      lines=40)) from None
+        raise AssertionError(f"{exc}\n" + c.log_tails(*LOGS, lines=40)) from None
     finally:
         copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}\n" + c.log_tails(
-        "health", "scheduler", "checkpointer-n1", "checkpointer-n2", lines=40)
+    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}\n" + c.log_tails(*LOGS, lines=40)
+
+
+def restored_on_n2(c: Cluster, name: str) -> dict[str, Any]:
+    """Once the job runs on n2 (health declared n1 lost), after 20 more lines of it: the window in
+    which both copies ran before, the silent node unable to fence what it cannot read."""
+    moved: dict[str, Any] = wait_until(lambda: (s := c.json("status", name))["node"] == "n2"
+                                       and s["state"] == "running" and s, 60, "the job to be restored on n2")
+    c.wait_lines(name, c.logs(name).count("\n") + 20)
     assert moved["restarts"] >= 1
+    return moved
+
+
+def killed(pid: int) -> None:
+    wait_until(lambda: not psutil.pid_exists(pid) or proc_state(pid) == "Z", 30, "the stale copy to be killed")
+
+
+def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(small_cluster: Cluster) -> None:
+    c = small_cluster
+    old = start_on_n1(c, "cut")
+    with one_copy_at_most(c):
+        with cut_off(c.service_pid("checkpointer@n1")):
+            restored_on_n2(c, "cut")
+            assert proc_state(old) == "T", f"the cut-off copy {old} is {proc_state(old)}, not held"
+        killed(old)  # back on the bus, the node reads that the job moved on and ends its stale copy
     status = c.json("status", "cut")
     assert status["node"] == "n2" and status["state"] == "running", status
     # its beats land again (after the cut, TCP's retransmissions may take a few seconds to catch up)
     wait_until(lambda: [n["state"] for n in c.json("nodes")] == ["ready", "ready"], 30, "n1 to be ready again")
 
 
-def test_a_checkpointer_killed_while_it_holds_a_job_leaves_nothing_stopped(small_cluster: Cluster) -> None:
+def test_a_checkpointer_killed_while_its_node_holds_a_job_leaves_nothing_stopped(small_cluster: Cluster) -> None:
     """Held, then its checkpointer SIGKILLed and started again by `ferry up` (with connections the
-    cut does not reach): the new one finds the hold in the job's folder and, once its beats land,
-    either resumes the copy or, if the job was restored elsewhere meanwhile, kills it. Either
-    way exactly one copy runs in the end, none stays stopped, and never two at once."""
+    cut does not reach): once the new one's beats land it grants the lease again, after its fence.
+    Either the monitor resumes the copy or, if the job was restored elsewhere meanwhile, the fence
+    kills it. Either way exactly one copy runs in the end, none stays stopped, and never two at once."""
     c = small_cluster
-    job = c.json("run", "--name", "cut-kill", "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
-    c.wait_lines("cut-kill", 10)
-    wait_until(lambda: c.json("status", "cut-kill")["last_checkpoint"], 30, "a periodic checkpoint")
-    old = workload_pid(c, "n1", job["id"])
-    copies = CopyCounter(ARGV)
-    copies.start()
-    try:
+    old = start_on_n1(c, "cut-kill")
+    with one_copy_at_most(c) as copies:
         with cut_off(c.service_pid("checkpointer@n1")):
             wait_until(lambda: proc_state(old) == "T", 30, "the cut-off copy to be held")
             kill_service(c, "checkpointer@n1")
 
         def one_running() -> bool:
-            s = c.json("status", "cut-kill")
-            return s["state"] == "running" and len(copies.running()) == 1
+            return c.json("status", "cut-kill")["state"] == "running" and len(copies.running()) == 1
         wait_until(one_running, 60, "exactly one copy to run")
-        n = c.logs("cut-kill").count("\n")
-        c.wait_lines("cut-kill", n + 20)  # it makes progress: not left stopped
+        c.wait_lines("cut-kill", c.logs("cut-kill").count("\n") + 20)  # it makes progress: not left stopped
         stopped = [p.pid for p in psutil.process_iter(["cmdline", "status"])
                    if p.info["cmdline"] == ARGV and p.info["status"] == psutil.STATUS_STOPPED]
         assert stopped == [], f"copies left stopped: {stopped}"
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n" + c.log_tails("health", "scheduler", "checkpointer-n1", "checkpointer-n2",
-                                                      lines=40)) from None
-    finally:
-        copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}"
 
 
 def test_a_paused_checkpointer_never_lets_a_job_run_beside_its_restored_copy(small_cluster: Cluster) -> None:
@@ -117,29 +128,15 @@ def test_a_paused_checkpointer_never_lets_a_job_run_beside_its_restored_copy(sma
     on n2. The old copy's monitor holds it when the lease runs out; SIGCONT, and the checkpointer
     reads that the job moved on and kills the copy."""
     c = small_cluster
-    job = c.json("run", "--name", "paused", "--node", "n1", "--checkpoint-every", "1s", "--", *ARGV)
-    c.wait_lines("paused", 10)
-    wait_until(lambda: c.json("status", "paused")["last_checkpoint"], 30, "a periodic checkpoint")
-    old = workload_pid(c, "n1", job["id"])
-    copies = CopyCounter(ARGV)
-    copies.start()
+    old = start_on_n1(c, "paused")
     checkpointer = c.service_pid("checkpointer@n1")
-    try:
+    with one_copy_at_most(c):
         os.kill(checkpointer, signal.SIGSTOP)
         try:
             wait_until(lambda: proc_state(old) == "T", 30, "the old copy to be held by its monitor")
-            moved = wait_until(lambda: (s := c.json("status", "paused"))["node"] == "n2" and s["state"] == "running"
-                               and s, 60, "the job to be restored on n2")
-            c.wait_lines("paused", c.logs("paused").count("\n") + 20)
+            restored_on_n2(c, "paused")
             assert proc_state(old) == "T", f"the copy {old} on the silent node is {proc_state(old)}, not held"
         finally:
             os.kill(checkpointer, signal.SIGCONT)
-        wait_until(lambda: not psutil.pid_exists(old) or proc_state(old) == "Z", 30, "the stale copy to be killed")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n" + c.log_tails("health", "scheduler", "checkpointer-n1", "checkpointer-n2",
-                                                      lines=40)) from None
-    finally:
-        copies.stop()
-    assert copies.most == 1, f"{copies.most} copies ran at once: {copies.first_many}"
-    assert moved["restarts"] >= 1
+        killed(old)
     wait_until(lambda: [n["state"] for n in c.json("nodes")] == ["ready", "ready"], 30, "n1 to be ready again")
