@@ -184,3 +184,22 @@ def test_a_failed_final_dump_gives_the_tree_back_to_the_hold_while_the_lease_is_
     holds.give_back(jd, shim)
     time.sleep(0.05)
     assert states(pids) <= RUNNING
+
+
+def test_a_hold_that_could_not_be_recorded_is_still_released_by_its_monitor(
+        tmp_path: Path, tree: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: the held file cannot be written, the monitor remembers what it stopped."""
+    jd, _ = job(tmp_path, tree)
+    write_lease(tmp_path / "lease", 100.0)
+    watch = LeaseWatch(jd, tree.pid, 3)
+
+    def full(path: Path, model: object) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("ferry.criu.hold.write_json_atomic", full)
+    assert watch.tick(100.0) == HOLD_PASS_S
+    time.sleep(0.05)
+    assert states(process_tree(tree.pid)) == {"T"} and read_held(jd) is None
+    write_lease(tmp_path / "lease", 200.0)
+    watch.tick(101.0)
+    time.sleep(0.05)
+    assert states(process_tree(tree.pid)) <= RUNNING

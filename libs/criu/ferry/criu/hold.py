@@ -126,7 +126,10 @@ def hold_tree(jd: JobDir, pid: int, incarnation: int, *, stopped_too: bool = Fal
                 stopped.append(p)
                 pids.add(p)
         if pids and (held is None or set(held.pids) != pids):
-            write_json_atomic(jd.path / HELD_FILE, Held(incarnation=incarnation, pids=sorted(pids)))
+            try:
+                write_json_atomic(jd.path / HELD_FILE, Held(incarnation=incarnation, pids=sorted(pids)))
+            except OSError as exc:  # a full disk: the monitor still knows what it stopped (LeaseWatch)
+                log.error("cannot record the hold of %s in %s: %s", stopped, jd.path, exc)
     return stopped
 
 
@@ -156,6 +159,7 @@ class LeaseWatch:
         self.jd, self.pid, self.incarnation = jd, pid, incarnation
         self.lease = lease if lease is not None else node_lease_of(jd)
         self.holding = (jd.path / HELD_FILE).exists()
+        self.stopped: set[int] = set()  # what this monitor stopped: resumed even if the held file was lost
 
     def tick(self, now: float) -> float:
         """One look at the lease; the seconds until the next."""
@@ -164,6 +168,7 @@ class LeaseWatch:
             return NO_LEASE_S
         if now >= until:
             stopped = hold_tree(self.jd, self.pid, self.incarnation)
+            self.stopped.update(stopped)
             if stopped:
                 log.warning("the node's lease ran out %.1f s ago: processes %s held until it is renewed, so that "
                             "the job never runs beside a copy restored elsewhere", now - until, stopped)
@@ -171,8 +176,13 @@ class LeaseWatch:
             return HOLD_PASS_S
         if self.holding or (self.jd.path / HELD_FILE).exists():  # ours, or a failed final dump given back
             resumed = release_tree(self.jd, self.pid, self.incarnation)
+            tree = set(process_tree(self.pid))
+            for p in sorted((self.stopped & tree) - set(resumed)):  # their record could not be written
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
+                    resumed.append(p)
             log.warning("the node's lease is renewed: processes %s resumed", resumed)
-            self.holding = False
+            self.holding, self.stopped = False, set()
         return until - now
 
     def _on_alarm(self, signum: int, frame: object) -> None:
