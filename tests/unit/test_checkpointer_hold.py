@@ -203,3 +203,20 @@ def test_a_hold_that_could_not_be_recorded_is_still_released_by_its_monitor(
     watch.tick(101.0)
     time.sleep(0.05)
     assert states(process_tree(tree.pid)) <= RUNNING
+
+
+def test_a_give_back_that_cannot_be_recorded_resumes_the_tree_for_its_monitor_to_hold(
+        tmp_path: Path, tree: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Left stopped by a failed final dump while the lease is out, on a full disk: no record means
+    no release ever, so the tree runs on, and its monitor (ticking while the lease is out) holds it."""
+    jd, shim = job(tmp_path, tree)
+    pids = process_tree(tree.pid)
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+
+    def full(path: Path, model: object) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("ferry.criu.hold.write_json_atomic", full)
+    JobHolds(tmp_path, Lease(3.0, 0.5)).give_back(jd, shim)  # nothing granted: the lease is out
+    time.sleep(0.05)
+    assert states(pids) <= RUNNING

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferry.criu.hold import HELD_FILE, hold_tree, lease_path, read_lease, write_lease
+from ferry.criu.hold import HELD_FILE, held_since, hold_tree, lease_path, read_lease, write_lease
 from ferry.criu.jobdir import JobDir, ShimInfo
 from ferry.node.procs import signal_tree
 
@@ -96,5 +96,7 @@ class JobHolds:
         node's jobs are held: then the hold takes it, and its monitor resumes it with the lease."""
         if (jd.path / HELD_FILE).exists() or time.time() >= self.granted:
             hold_tree(jd, shim.pid, shim.incarnation, stopped_too=True)
-        else:
-            signal_tree(shim.pid, signal.SIGCONT)
+            if held_since(jd, shim.incarnation):
+                return
+            # not recorded (a full disk): nobody would resume it; its monitor holds it again at once
+        signal_tree(shim.pid, signal.SIGCONT)
