@@ -2,13 +2,13 @@
 
 Health declares a node lost once its heartbeat is ``heartbeat_timeout_s`` old, and the scheduler
 then restores the node's jobs elsewhere. The node's checkpointer writes, after each beat that
-landed and the fence that followed it, until when its jobs may run: ``lease`` in the node's work
-folder, one number (wall-clock seconds, as health compares heartbeats), a margin before health may
-act. Each job's monitor (``ferry.criu.shim``) reads it when it runs out (``LeaseWatch``, a timer,
-no polling while it holds): past it, the monitor stops (SIGSTOP) every running process of its
-workload's tree and names them in ``held.json`` in the job's folder; when the file says the job may
-run again it resumes (SIGCONT) exactly those, still in that tree. A process stopped by someone else
-stays stopped.
+landed (after the fence that follows it when the lease had run out), until when its jobs may run:
+``lease`` in the node's work folder, one number (wall-clock seconds, as health compares
+heartbeats), a margin before health may act. Each job's monitor (``ferry.criu.shim``) reads it
+when it runs out (``LeaseWatch``, a timer: no polling while the lease is good): past it, the
+monitor stops (SIGSTOP) every running process of its workload's tree and names them in
+``held.json`` in the job's folder; when the file says the job may run again it resumes (SIGCONT)
+exactly those, still in that tree. A process stopped by someone else stays stopped.
 
 The monitor, not the checkpointer, takes the hold: a checkpointer that is paused, killed or cut off
 from the bus writes no lease, so every way a node can fall silent holds its jobs. A checkpointer
@@ -29,7 +29,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -133,19 +133,20 @@ def hold_tree(jd: JobDir, pid: int, incarnation: int, *, stopped_too: bool = Fal
     return stopped
 
 
-def release_tree(jd: JobDir, pid: int, incarnation: int) -> list[int]:
-    """Resumes what the hold of `incarnation` stopped that is still in the tree of `pid`;
-    removes the held file; returns the processes resumed."""
+def release_tree(jd: JobDir, pid: int, incarnation: int, also: Collection[int] = ()) -> list[int]:
+    """Resumes what the hold of `incarnation` stopped, and `also` (what a monitor stopped whose
+    record could not be written), that is still in the tree of `pid`; removes the held file;
+    returns the processes resumed."""
     resumed = []
     with _locked(jd):
         held = read_held(jd)
-        if held is not None and held.incarnation == incarnation:
+        pids = set(also) | (set(held.pids) if held is not None and held.incarnation == incarnation else set())
+        if pids:
             tree = set(process_tree(pid))
-            for p in held.pids:
-                if p in tree:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p, signal.SIGCONT)
-                        resumed.append(p)
+            for p in sorted(pids & tree):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
+                    resumed.append(p)
         (jd.path / HELD_FILE).unlink(missing_ok=True)
     return resumed
 
@@ -158,7 +159,6 @@ class LeaseWatch:
     def __init__(self, jd: JobDir, pid: int, incarnation: int, lease: Path | None = None) -> None:
         self.jd, self.pid, self.incarnation = jd, pid, incarnation
         self.lease = lease if lease is not None else node_lease_of(jd)
-        self.holding = (jd.path / HELD_FILE).exists()
         self.stopped: set[int] = set()  # what this monitor stopped: resumed even if the held file was lost
 
     def tick(self, now: float) -> float:
@@ -172,17 +172,11 @@ class LeaseWatch:
             if stopped:
                 log.warning("the node's lease ran out %.1f s ago: processes %s held until it is renewed, so that "
                             "the job never runs beside a copy restored elsewhere", now - until, stopped)
-            self.holding = True
             return HOLD_PASS_S
-        if self.holding or (self.jd.path / HELD_FILE).exists():  # ours, or a failed final dump given back
-            resumed = release_tree(self.jd, self.pid, self.incarnation)
-            tree = set(process_tree(self.pid))
-            for p in sorted((self.stopped & tree) - set(resumed)):  # their record could not be written
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGCONT)
-                    resumed.append(p)
+        if self.stopped or (self.jd.path / HELD_FILE).exists():  # ours, or a failed final dump given back
+            resumed = release_tree(self.jd, self.pid, self.incarnation, self.stopped)
             log.warning("the node's lease is renewed: processes %s resumed", resumed)
-            self.holding, self.stopped = False, set()
+            self.stopped = set()
         return until - now
 
     def _on_alarm(self, signum: int, frame: object) -> None:

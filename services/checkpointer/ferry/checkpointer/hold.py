@@ -7,8 +7,9 @@ but silent (its NATS server died, a network cut, its checkpointer paused or down
 running those jobs beside their restored copies.
 
 So each beat that lands is a lease (``Lease``): it runs until ``heartbeat + timeout - margin``,
-before health may act. After the beat and the fence that follows it (a copy the job moved away
-from is killed), the checkpointer writes it into the node's lease file (``JobHolds.grant``); each
+before health may act. After the beat (a lease that ran out: after the fence that follows it,
+which kills a copy the job moved away from) the checkpointer writes it into the node's lease file
+(``JobHolds.grant``); each
 job's monitor holds its tree when that runs out and releases it when it is renewed
 (``ferry.criu.hold``). A node that finds itself declared lost when it is back grants nothing for
 one more timeout: the scheduler acts on the loss by bumping the job's incarnation, and the fence
