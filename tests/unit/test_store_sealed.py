@@ -8,17 +8,19 @@ a size bomb, moving a chunk under another name.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import shutil
 import stat
 from pathlib import Path
 
+import blake3
 import pytest
 import zstandard
 
 from ferry.store import manifest as manifest_module
 from ferry.store.errors import ChunkCorrupt, ManifestCorrupt, ManifestRefused, RestoreRefused
-from ferry.store.keys import KeyRing, load_keyring, write_private
+from ferry.store.keys import KeyRing, TenantKeys, load_keyring, write_private
 from ferry.store.local import LocalBackend
 from ferry.store.manifest import (
     MAX_CHUNKS,
@@ -199,6 +201,37 @@ def test_rotation_keeps_old_checkpoints_restorable(tmp_path: Path) -> None:
     dropped = _store(tmp_path, rotated.without("k1"))
     with pytest.raises(ManifestRefused, match="key 'k1', which the keyring does not hold"):
         dropped.read_manifest("j1", "ck-1", "acme")
+
+
+def test_chunks_are_named_by_keyed_blake3(tmp_path: Path) -> None:
+    ring = KeyRing.generate()
+    store = _store(tmp_path, ring)
+    src = _job_images(tmp_path / "a")
+    written = store.write_checkpoint(job="j1", tenant="acme", checkpoint="ck-1", parent=None, src_dir=src)
+    keys = ring.tenant("acme")
+    data = (src / "stdout").read_bytes()
+    [ref] = written.manifest.files[[f.path for f in written.manifest.files].index("stdout")].chunks
+    assert ref.hash == blake3.blake3(data, key=keys.name_key).hexdigest()
+    assert ref.hash != blake3.blake3(data).hexdigest() != hashlib.sha256(data).hexdigest()  # keyed, not plain
+
+
+def test_chunks_named_by_the_hmac_before_still_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store written before the names became BLAKE3 (HMAC-SHA256 under another derived key):
+    its checkpoints restore, and the next one (whose names differ) stores its chunks anew."""
+    ring = KeyRing.generate()
+    src = _job_images(tmp_path / "a")
+    with monkeypatch.context() as m:
+        m.setattr(TenantKeys, "chunk_name",
+                  lambda self, plain: hmac.new(self.sign_key, plain, hashlib.sha256).hexdigest())
+        old = _store(tmp_path, ring).write_checkpoint(job="j1", tenant="acme", checkpoint="ck-1", parent=None,
+                                                      src_dir=src)
+    store = _store(tmp_path, ring)
+    store.restore_files(store.read_manifest("j1", "ck-1", "acme"), tmp_path / "old")
+    assert (tmp_path / "old" / "pages-1.img").read_bytes() == (src / "pages-1.img").read_bytes()
+    new = store.write_checkpoint(job="j1", tenant="acme", checkpoint="ck-2", parent="ck-1", src_dir=src)
+    assert new.chunks_new == old.chunks_new and not new.manifest.chunk_hashes() & old.manifest.chunk_hashes()
+    store.restore_files(store.read_manifest("j1", "ck-2", "acme"), tmp_path / "new")
+    assert (tmp_path / "new" / "pages-1.img").read_bytes() == (src / "pages-1.img").read_bytes()
 
 
 def test_a_keyring_readable_by_others_is_refused(tmp_path: Path) -> None:

@@ -9,8 +9,13 @@ For each tenant and key, HKDF-SHA256 derives three independent keys:
 
 - ``enc``: AES-256-GCM for the chunks (a fresh 96-bit nonce per chunk, the chunk's name as
   associated data, so a chunk cannot be moved under another name);
-- ``name``: HMAC-SHA256 of the plain bytes names a chunk, so deduplication works within a tenant
-  and never tells one tenant that another holds the same bytes;
+- ``name``: keyed BLAKE3 of the plain bytes names a chunk, so deduplication works within a tenant
+  and never tells one tenant that another holds the same bytes. BLAKE3 rather than HMAC-SHA256:
+  naming hashes every byte of every checkpoint, and HMAC-SHA256 (1.1-1.5 GiB/s per core here, with
+  SHA-NI) was most of a checkpoint's upload CPU; keyed BLAKE3 is a PRF as well and runs at about
+  7 GiB/s per core. Chunks named by the HMAC before (stores from before this change) still read:
+  a sealed chunk is authenticated under its name, never named again on the way back; only the
+  first checkpoint after the change stores every chunk anew;
 - ``sign``: HMAC-SHA256 over a manifest's canonical JSON.
 
 Anyone holding the keyring can read every tenant's checkpoints: it is handed only to the node
@@ -29,6 +34,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import blake3
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -61,7 +67,7 @@ class TenantKeys:
     sign_key: bytes = field(repr=False)
 
     def chunk_name(self, plain: memoryview | bytes) -> str:
-        return hmac.new(self.name_key, plain, hashlib.sha256).hexdigest()
+        return blake3.blake3(plain, key=self.name_key).hexdigest()
 
     def seal(self, name: str, data: memoryview | bytes, prefix: bytes = b"") -> bytes:
         """``prefix`` + nonce + AES-GCM of ``data``, ``name`` and ``prefix`` authenticated with it:
@@ -116,7 +122,7 @@ class KeyRing:
         if master is None:
             raise StoreError(f"the store keyring has no key {kid!r} (was it dropped after a rotation?)")
         keys = TenantKeys(tenant=tenant, key_id=kid, enc=_derive(master, "enc", tenant),
-                          name_key=_derive(master, "name", tenant), sign_key=_derive(master, "sign", tenant))
+                          name_key=_derive(master, "name-blake3", tenant), sign_key=_derive(master, "sign", tenant))
         self._cache[(tenant, kid)] = keys
         return keys
 

@@ -1,7 +1,7 @@
 """Writing a checkpoint: cut its files into chunks, hash them, upload what the store lacks (into
 packs, ``ferry.store.packs``, or each chunk on its own), then commit the manifest.
 
-Files are memory-mapped batch by batch and named in place (sha256, or a tenant's keyed hash);
+Files are memory-mapped batch by batch and named in place (sha256, or a tenant's keyed BLAKE3);
 only chunks that must be uploaded are copied (into their stored form, sealed with a store's keys).
 Hashing, zstd and AES-GCM release the GIL, so the pool's threads use every core. The source files
 must not change while they are written (CRIU images never do).
