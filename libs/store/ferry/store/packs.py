@@ -97,49 +97,46 @@ def patch_pack(backend: Backend, ref: ChunkRef, stored: bytes) -> bool:
 class Packer:
     """Appends stored chunks to packs of about ``pack_bytes`` each, written as they come
     (``backend.object_writer``: a local pack goes straight to its file), and stores a pack once it
-    is full; ``flush`` stores the last ones, ``abort`` drops what is not stored. Thread-safe: each
-    thread fills a pack of its own, outside the lock (the writes into one shared pack, one thread
-    at a time, were a third of a local store's write of 1 GiB: ``bench/storewrite.py``). A chunk's
-    place is given at once, its pack stored later: no manifest goes before ``flush``, which (as
-    ``abort``) is called once no thread adds any more."""
+    is full; ``flush`` stores the last one, ``abort`` drops what is not stored. Thread-safe. A
+    chunk's place is given at once, its pack stored later: no manifest goes before ``flush``."""
 
     def __init__(self, backend: Backend, pack_bytes: int = PACK_BYTES) -> None:
         self._backend, self._pack_bytes = backend, pack_bytes
         self._lock = threading.Lock()
-        self._open: dict[int, _OpenPack] = {}  # thread id -> the pack it fills
-        self._closing: list[_OpenPack] = []  # full, being stored
+        self._open: _OpenPack | None = None
+        self._closing: list[_OpenPack] = []  # full, being stored by another thread
         self.sizes: dict[str, int] = {}  # the packs stored so far
 
     def add(self, stored: bytes) -> tuple[str, int]:
         """Where ``stored`` goes: (pack name, offset)."""
-        me = threading.get_ident()
         with self._lock:
-            pack = self._open.get(me)
-            if pack is None:
+            if self._open is None:
                 name = new_pack_name()
-                pack = self._open[me] = _OpenPack(name, object_writer(self._backend, pack_key(name)))
+                self._open = _OpenPack(name, object_writer(self._backend, pack_key(name)))
+            pack = self._open
             at = pack.size
+            pack.writer.write(stored)
             pack.size += len(stored)
             full = pack.size >= self._pack_bytes
             if full:
-                del self._open[me]
+                self._open = None
                 self._closing.append(pack)
-        pack.writer.write(stored)  # only this thread writes this pack
         if full:
             self._store(pack)
         return pack.name, at
 
     def flush(self) -> None:
         with self._lock:
-            packs, self._open = list(self._open.values()), {}
-            self._closing.extend(packs)
-        for pack in packs:
+            pack, self._open = self._open, None
+            if pack is not None:
+                self._closing.append(pack)
+        if pack is not None:
             self._store(pack)
 
     def abort(self) -> None:
         with self._lock:
-            doomed = [*self._open.values(), *self._closing]
-            self._open, self._closing = {}, []
+            doomed = [p for p in [self._open, *self._closing] if p is not None]
+            self._open, self._closing = None, []
         for pack in doomed:
             pack.writer.abort()
 
