@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 from benchkit import Cluster, add_run_arguments, emit, machine, machine_line, median, run_directory, uptime
-from scale import SERVICES, submits
+from scale import SERVICES, service_of, submits
 
 OURS = ("nats-server", "zygote", *SERVICES)
 
@@ -43,7 +43,7 @@ def kind_of(proc: psutil.Process) -> str:
         return "nats-server"
     if "ferry.criu.zygote" in cmd:
         return "zygote"
-    return next((s for s in SERVICES if f"ferry.{s}" in cmd), "other")
+    return service_of(cmd) or "other"
 
 
 def cpu_snapshot() -> dict[int, tuple[str, float, float]]:

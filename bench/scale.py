@@ -55,6 +55,11 @@ from ferry.v1 import ferry_pb2_grpc as rpc
 SERVICES = ("api", "scheduler", "health", "pricing", "checkpointer", "migrator")
 
 
+def service_of(cmdline: str) -> str | None:
+    """Which of ``SERVICES`` a process with this command line is (``python -m ferry.<service>``)."""
+    return next((s for s in SERVICES if f"ferry.{s}" in cmdline), None)
+
+
 def service_cpu(root: int) -> dict[str, float]:
     """CPU seconds (user + system) of each service process under ``ferry up`` (summed over nodes)."""
     out: dict[str, float] = {}
@@ -64,7 +69,7 @@ def service_cpu(root: int) -> dict[str, float]:
             times = proc.cpu_times()
         except psutil.Error:
             continue
-        name = next((s for s in SERVICES if f"ferry.{s}" in cmd), None)
+        name = service_of(cmd)
         if name is not None:
             out[name] = out.get(name, 0.0) + times.user + times.system
     return out
