@@ -42,6 +42,14 @@ def tree() -> Iterator[subprocess.Popen[bytes]]:
     root.wait()
 
 
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No held file can be written (ENOSPC)."""
+    def full(path: Path, model: object) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("ferry.criu.hold.write_json_atomic", full)
+
+
 def job(tmp_path: Path, root: subprocess.Popen[bytes], incarnation: int = 3) -> tuple[JobDir, ShimInfo]:
     """A job folder as a node keeps it: ``<work>/jobs/job1``, the node's lease in ``<work>``."""
     jd = JobDir(tmp_path / "jobs" / "job1").create()
@@ -186,16 +194,13 @@ def test_a_failed_final_dump_gives_the_tree_back_to_the_hold_while_the_lease_is_
     assert states(pids) <= RUNNING
 
 
+@pytest.mark.usefixtures("full_disk")
 def test_a_hold_that_could_not_be_recorded_is_still_released_by_its_monitor(
-        tmp_path: Path, tree: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
     """A full disk: the held file cannot be written, the monitor remembers what it stopped."""
     jd, _ = job(tmp_path, tree)
     write_lease(tmp_path / "lease", 100.0)
     watch = LeaseWatch(jd, tree.pid, 3)
-
-    def full(path: Path, model: object) -> None:
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr("ferry.criu.hold.write_json_atomic", full)
     assert watch.tick(100.0) == HOLD_PASS_S
     time.sleep(0.05)
     assert states(process_tree(tree.pid)) == {"T"} and read_held(jd) is None
@@ -205,18 +210,15 @@ def test_a_hold_that_could_not_be_recorded_is_still_released_by_its_monitor(
     assert states(process_tree(tree.pid)) <= RUNNING
 
 
+@pytest.mark.usefixtures("full_disk")
 def test_a_give_back_that_cannot_be_recorded_resumes_the_tree_for_its_monitor_to_hold(
-        tmp_path: Path, tree: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
     """Left stopped by a failed final dump while the lease is out, on a full disk: no record means
     no release ever, so the tree runs on, and its monitor (ticking while the lease is out) holds it."""
     jd, shim = job(tmp_path, tree)
     pids = process_tree(tree.pid)
     for p in pids:
         os.kill(p, signal.SIGSTOP)
-
-    def full(path: Path, model: object) -> None:
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr("ferry.criu.hold.write_json_atomic", full)
     JobHolds(tmp_path, Lease(3.0, 0.5)).give_back(jd, shim)  # nothing granted: the lease is out
     time.sleep(0.05)
     assert states(pids) <= RUNNING
