@@ -154,7 +154,9 @@ class Cluster:
         self.data_dir = data_dir
         self.nodes = nodes
         self.addr = f"127.0.0.1:{free_port()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+        # as a user's shell has it: Python writes its bytecode caches (a caller's PYTHONDONTWRITEBYTECODE
+        # made every command compile Ferry's modules anew, 25 ms of each call)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_") and k != "PYTHONDONTWRITEBYTECODE"}
         self.env = {**env, "FERRY_ADDR": self.addr, "PYTHONUNBUFFERED": "1"}
         self.log = data_dir / "up.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -7,13 +7,14 @@ before it binds in the clear.
 from __future__ import annotations
 
 import ipaddress
-import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ferry.common.errors import ConfigError
 
 if TYPE_CHECKING:  # the CLI imports this module for is_loopback: not the settings (pydantic-settings, 150 ms)
+    import ssl  # nor ssl, which a call in the clear does not need (10 ms of every command)
+
     from ferry.common.config import Settings
 
 
@@ -30,6 +31,8 @@ def is_loopback(host: str) -> bool:
 
 def client_context(ca: Path | None, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
     """A client context that trusts ``ca`` (else the system's CAs), presenting ``cert`` if given."""
+    import ssl
+
     try:
         ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
         if cert is not None:
