@@ -6,7 +6,11 @@ jobs) writes through (``note``) so that its next decision sees its own last writ
 revision orders a written-through record and the watch's copy of the same write. When the
 connection to NATS comes back, the watch starts again from the top (its consumer may have gone
 with a restarted server, and then it would deliver nothing); as a safety net against a watch that
-silently stopped otherwise, the whole bucket is read again every ``resync_s`` the watch is quiet.
+silently stopped otherwise, every ``resync_s`` the watch is quiet the mirror asks the bucket for
+its newest revision, and reads the whole bucket again only when that is not the newest it has seen
+(a write or delete it missed, or a server that lost writes). Reading every record each time, as it
+did, made an idle cluster's CPU grow with its history: every service's job mirror read each job
+that ever ran every 30 s.
 
 Readers get copies (``values``, ``get``): a caller that changes a record changes only its copy
 until it writes it. Readers that only read get the records themselves (``peek``, ``view``,
@@ -229,7 +233,7 @@ class Mirror(Generic[M]):
                         entry = None
                         delivered = newest
                     else:
-                        await self.resync()
+                        await self.check()
                         continue
                 except _Reconnected:  # the watch's consumer may be gone with the server: a new watch
                     log.info("NATS came back: watching %s again", self.table.bucket)
@@ -281,8 +285,20 @@ class Mirror(Generic[M]):
             await update
         raise _Reconnected
 
-    async def resync(self) -> None:
-        """Reads every record again (the watch was quiet for ``resync_s``)."""
+    async def check(self) -> None:
+        """The watch was quiet for ``resync_s``: reads every record again if the bucket's newest
+        revision is not the newest this copy has seen."""
+        last = await self.table.last_revision()  # a BusError: the bus is away, the watch starts again
+        if last != self._seen:
+            log.info("the copy of %s is at revision %d, the bucket at %d: reading it again",
+                     self.table.bucket, self._seen, last)
+            await self.resync(last)
+
+    async def resync(self, last: int | None = None) -> None:
+        """Reads every record again; ``last``: the bucket's newest revision, read just before (the
+        copy is then at least that new, even where the server lost writes it had seen)."""
+        if last is not None:
+            self._seen = last
         self._noted.clear()
         keys = await self.table.keys()
         found = await asyncio.gather(*(self.table.get_rev(k) for k in keys))
