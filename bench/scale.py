@@ -10,6 +10,8 @@
 - **listing**: ``ferry ps -a -o json`` and ``ferry nodes -o json`` with every job finished;
 - **supervisor**: what one running job's supervisor (its monitor, forked from the node's shim
   zygote) costs: PSS and CPU to start; and the memory of a restored job's;
+- **idle**: the services' CPU with nothing to do, before the first job and after the last
+  (``--idle-s`` each): the same with any number of finished jobs;
 - **placement**: one placement decision (the node views from the records, then the choice) at
   10,000 jobs, 2,000 of them running, on 1,000 nodes, in this process.
 
@@ -140,6 +142,18 @@ def submits(cluster: Cluster, jobs: int, clients: int, prefix: str = "s") -> dic
             "cpu_s": {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in sorted(cpu_after)}}
 
 
+def idle(cluster: Cluster, seconds: float) -> dict[str, Any]:
+    """What the services of an idle cluster use: their CPU over ``seconds`` with nothing to do, as
+    a percentage of one core (all of them, and each kind). Measured with no job yet and after all
+    the bench's jobs have ended, it shows whether idle cost grows with history (issue 18)."""
+    assert cluster.proc is not None
+    before = service_cpu(cluster.proc.pid)
+    time.sleep(seconds)
+    after = service_cpu(cluster.proc.pid)
+    each = {k: round(100 * (after[k] - before.get(k, 0.0)) / seconds, 2) for k in sorted(after)}
+    return {"seconds": seconds, "pct_of_a_core": round(sum(each.values()), 2), "each": each}
+
+
 def spread(cluster: Cluster) -> dict[str, int]:
     _, jobs = cluster.ferry("ps", "-a")
     return dict(sorted(Counter(j["node"] for j in jobs).items()))
@@ -266,6 +280,11 @@ def report(r: dict[str, Any]) -> str:
            f"{x['per_s']} (idle {x['idle_pct']}%; per hundred {', '.join(map(str, x['per_s_each_hundred']))}) | "
            f">= 30 | {'yes' if x['per_s'] >= 30 else '**no**'} |"] if (x := r.get("more_submits")) else []),
         f"| CPU seconds per service for the {s['jobs']} submits | {cpu} | - | - |",
+        *([f"| the services' CPU, idle, with no job yet / after all {r['jobs_total']} jobs ended "
+           f"({r['idle_before']['seconds']:.0f} s each; % of one core) | {r['idle_before']['pct_of_a_core']} / "
+           f"{r['idle_after']['pct_of_a_core']} (after, by service: "
+           f"{', '.join(f'{k} {v}' for k, v in r['idle_after']['each'].items())}) | "
+           f"independent of history | - |"] if "idle_after" in r else []),
         f"| jobs per node | {', '.join(f'{k}: {v}' for k, v in r['spread'].items())} | equal | - |",
         f"| `ferry ps -a -o json` with {s['jobs']} jobs (median; samples) | {median(r['ps_s']) * 1000:.0f} ms; "
         f"{', '.join(f'{x * 1000:.0f}' for x in r['ps_s'])} | - | - |",
@@ -298,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--more-clients", type=int, default=16,
                         help="then as many jobs again from this many clients (0: not): with few clients the "
                              "submits can wait on each one's latency with CPU to spare")
+    parser.add_argument("--idle-s", type=float, default=65.0,
+                        help="how long to measure the idle services' CPU before the jobs and after them "
+                             "(0: not); the job mirrors look at their buckets after 30 quiet seconds")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     began = time.monotonic()
@@ -306,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         load_before = uptime()
         cluster.start()
         try:
-            result: dict[str, Any] = {"submits": submits(cluster, args.jobs, args.clients)}
+            result: dict[str, Any] = {}
+            if args.idle_s:
+                time.sleep(5)  # the start's own work settles
+                result["idle_before"] = idle(cluster, args.idle_s)
+            result["submits"] = submits(cluster, args.jobs, args.clients)
             wait_for(lambda: all(j["state"] != "running" for j in cluster.ferry("ps")[1]), 300,
                      "every job to end")
             result["spread"] = spread(cluster)
@@ -316,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
             result["restored"] = restored_supervisor(cluster)
             if args.more_clients:
                 result["more_submits"] = submits(cluster, args.jobs, args.more_clients, prefix="m")
+            if args.idle_s:
+                wait_for(lambda: all(j["state"] != "running" for j in cluster.ferry("ps")[1]), 300,
+                         "every job to end")
+                result["jobs_total"] = len(cluster.ferry("ps", "-a")[1])
+                result["idle_after"] = idle(cluster, args.idle_s)
         finally:
             cluster.stop()
         result |= {"placement": placement(), "machine": machine(Path(run_dir)), "load_before": load_before,
