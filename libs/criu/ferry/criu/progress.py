@@ -15,28 +15,18 @@ Times are wall-clock (``time.time()``), the clock file timestamps use.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
-import struct
 import threading
 import time
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
+
+from ferry.criu.inotify import IN_MODIFY, Inotify
 
 __all__ = ["FirstWrite", "last_write"]
 
-IN_MODIFY = 0x00000002
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
-_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then len bytes of name)
 _POLL_S = 0.001
-
-
-@cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def last_write(paths: Sequence[Path]) -> float | None:
@@ -64,7 +54,7 @@ class FirstWrite:
         self._seen = threading.Event()
         self._stop_r, self._stop_w = -1, -1
         self._thread: threading.Thread | None = None
-        self._ifd = -1
+        self._ino: Inotify | None = None
 
     def __enter__(self) -> FirstWrite:
         self.start()
@@ -76,8 +66,8 @@ class FirstWrite:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("FirstWrite already started")
-        self._ifd = self._inotify()
-        if self._ifd < 0:
+        self._ino = self._inotify()
+        if self._ino is None:
             self.method = "poll"
             sizes = [self._size(p) for p in self.paths]
             self._thread = threading.Thread(target=self._poll_sizes, args=(sizes,), name="ferry-first-write")
@@ -93,10 +83,13 @@ class FirstWrite:
         os.write(self._stop_w, b"x")
         self._thread.join()
         self._thread = None
-        for fd in (self._stop_r, self._stop_w, self._ifd):
+        for fd in (self._stop_r, self._stop_w):
             if fd >= 0:
                 os.close(fd)
-        self._stop_r = self._stop_w = self._ifd = -1
+        self._stop_r = self._stop_w = -1
+        if self._ino is not None:
+            self._ino.close()
+            self._ino = None
 
     def wait(self, timeout_s: float) -> float | None:
         self._seen.wait(timeout_s)
@@ -104,16 +97,18 @@ class FirstWrite:
 
     # -- the watching thread ---------------------------------------------------------------------
 
-    def _inotify(self) -> int:
-        libc = _libc()
-        fd = int(libc.inotify_init1(ctypes.c_int(IN_NONBLOCK | IN_CLOEXEC)))
-        if fd < 0:
-            return -1
-        for path in self.paths:
-            if int(libc.inotify_add_watch(ctypes.c_int(fd), os.fsencode(path), ctypes.c_uint32(IN_MODIFY))) < 0:
-                os.close(fd)
-                return -1
-        return fd
+    def _inotify(self) -> Inotify | None:
+        try:
+            ino = Inotify.open()
+        except OSError:
+            return None
+        try:
+            for path in self.paths:
+                ino.add(path, IN_MODIFY)
+        except OSError:
+            ino.close()
+            return None
+        return ino
 
     def _record(self) -> None:
         if self.at is None:
@@ -121,18 +116,16 @@ class FirstWrite:
             self._seen.set()
 
     def _read_events(self) -> None:
+        assert self._ino is not None
+        ino = self._ino
         poller = select.poll()
-        poller.register(self._ifd, select.POLLIN)
+        poller.register(ino.fileno(), select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
         while True:
             ready = {fd for fd, _ in poller.poll()}
-            if self._ifd in ready:
+            if ino.fileno() in ready:
                 now = time.time()
-                try:
-                    data = os.read(self._ifd, 65536)
-                except BlockingIOError:
-                    data = b""
-                if self.at is None and any(mask & IN_MODIFY for mask in _masks(data)):
+                if self.at is None and any(e.mask & IN_MODIFY for e in ino.read()):
                     self.at = now
                     self._seen.set()
             if self._stop_r in ready:
@@ -152,12 +145,3 @@ class FirstWrite:
             if self.at is None and [self._size(p) for p in self.paths] != sizes:
                 self._record()
 
-
-def _masks(data: bytes) -> list[int]:
-    masks = []
-    pos = 0
-    while pos + _EVENT.size <= len(data):
-        _wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-        masks.append(int(mask))
-        pos += _EVENT.size + int(length)
-    return masks

@@ -230,6 +230,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
 
     async def close(self) -> None:
         self.monitors.close()
+        self.settled.close()
         if hasattr(self, "zygote_proc"):  # the jobs it forked go on: their monitors are detached
             await asyncio.to_thread(self.zygote_proc.stop)
         await close_client()  # the interruption watch's connections to the metadata endpoint
