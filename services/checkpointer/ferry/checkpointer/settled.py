@@ -9,8 +9,9 @@ Those changes are watched with inotify (``ferry.criu.inotify``): a watch on the 
 the list of job folders, and one on each settled folder ends its settling. A look then costs what
 changed since the last, not a ``stat`` of every folder (which still made idle CPU grow with
 history: 1.9 ms per look at 500 folders, 1.5 looks a second). A folder that cannot be watched
-(inotify's limits) is simply never taken as settled, and a queue that overflowed unsettles
-every folder: either way the scans read more, never less.
+(``fs.inotify.max_user_watches``) is simply never taken as settled, nothing settles while no
+inotify instance can be made (``max_user_instances``; tried again each ``RETRY_S``), and a queue
+that overflowed unsettles every folder: the scans may read more, never less.
 
 A folder changed within the last ``FRESH_S`` is not taken as settled: a change after the caller
 looked at its records and before the watch began would go unseen (its modification time tells,
@@ -19,6 +20,7 @@ though file systems stamp times with a coarse clock)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -38,7 +40,10 @@ from ferry.criu.inotify import (
     Inotify,
 )
 
+log = logging.getLogger(__name__)
+
 FRESH_S = 2.0
+RETRY_S = 60.0
 _ENTRIES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO  # what changes a folder's list of entries
 _GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
 _ADDED = IN_CREATE | IN_MOVED_TO
@@ -49,7 +54,7 @@ class SettledDirs:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._ino: Inotify | None = None
-        self._ino_failed = False
+        self._retry_at = 0.0  # when to try again to make the inotify instance, after a failure
         self._root_wd: int | None = None
         self._names: set[str] | None = None  # the job folders, kept by the root's watch (None: listed on each look)
         self._settled: dict[str, int] = {}  # folder name -> the watch on it
@@ -100,11 +105,13 @@ class SettledDirs:
     # ---- keeping up ----------------------------------------------------------------------------
 
     def _inotify(self) -> Inotify | None:
-        if self._ino is None and not self._ino_failed:
+        if self._ino is None and time.monotonic() >= self._retry_at:
             try:
                 self._ino = Inotify.open()
-            except OSError:
-                self._ino_failed = True  # no inotify here: nothing settles, every look reads every folder
+            except OSError as exc:  # none left (fs.inotify.max_user_instances): nothing settles meanwhile
+                log.warning("no inotify instance for the job folders (%s): every look reads every folder; "
+                            "trying again in %.0f s", exc, RETRY_S)
+                self._retry_at = time.monotonic() + RETRY_S
         return self._ino
 
     def _current(self) -> set[str] | None:
