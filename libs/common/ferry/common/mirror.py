@@ -45,6 +45,7 @@ from ferry.common.bus import BusError, M, Table
 log = logging.getLogger(__name__)
 
 RESYNC_S = 30.0
+CLOSE_RETRY_S = 0.5  # how long ``close`` waits for the watch to end before it cancels it again
 END_GRACE_S = 2.0  # after the marker, how long to wait for the revision it should have come after
 _DELETES = ("DEL", "PURGE")
 
@@ -84,10 +85,16 @@ class Mirror(Generic[M]):
             raise BusError(f"the watch of {self.table.bucket} ended before it read the bucket")
 
     async def close(self) -> None:
-        if self._task is not None:
+        """Stops the watch. The cancel is repeated until the task has ended: Python 3.11's
+        ``asyncio.wait_for`` (inside nats-py's requests) drops a cancel that arrives as its answer
+        does, and the watch then went on waiting (a test's close hung for minutes)."""
+        if self._task is None:
+            return
+        while not self._task.done():
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await asyncio.wait({self._task}, timeout=CLOSE_RETRY_S)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            self._task.result()
 
     def listen(self, event: asyncio.Event | None = None) -> asyncio.Event:
         """One more event set on each change, for one more reader of the same mirror (each clears
