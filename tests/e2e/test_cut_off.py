@@ -97,7 +97,8 @@ def test_a_node_cut_off_from_the_bus_never_runs_a_job_beside_its_restored_copy(s
             assert proc_state(old) == "T", f"the cut-off copy {old} is {proc_state(old)}, not held"
         killed(old)  # back on the bus, the node reads that the job moved on and ends its stale copy
     status = c.json("status", "cut")
-    assert status["node"] == "n2" and status["state"] == "running", status
+    # it runs on n2; its periodic checkpoint (each second) leaves it running while it is taken
+    assert status["node"] == "n2" and status["state"] in ("running", "checkpointing"), status
     # its beats land again (after the cut, TCP's retransmissions may take a few seconds to catch up)
     wait_until(lambda: [n["state"] for n in c.json("nodes")] == ["ready", "ready"], 30, "n1 to be ready again")
 
