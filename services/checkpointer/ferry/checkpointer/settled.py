@@ -140,14 +140,12 @@ class SettledDirs:
 
     def _apply(self, event: Event) -> None:
         if event.wd == -1 and event.mask & IN_Q_OVERFLOW:  # changes went unseen: look at everything again
-            for name in list(self._settled):
-                self._unsettle(name)
+            self._unsettle_all()
             self._names = self._list() if self._root_wd is not None else None
         elif event.wd == self._root_wd:
             if event.mask & _GONE:  # the jobs folder itself went: start again when it is back
                 self._root_wd, self._names = None, None
-                for name in list(self._settled):
-                    self._unsettle(name)
+                self._unsettle_all()
             elif self._names is not None and event.mask & _ADDED:
                 self._names.add(event.name)
             elif self._names is not None and event.mask & _REMOVED:
@@ -155,6 +153,10 @@ class SettledDirs:
                 self._unsettle(event.name)
         elif (folder := self._by_wd.get(event.wd)) is not None:
             self._unsettle(folder)  # something in it changed, or it went
+
+    def _unsettle_all(self) -> None:
+        for name in list(self._settled):
+            self._unsettle(name)
 
     def _unsettle(self, name: str) -> None:
         wd = self._settled.pop(name, None)
