@@ -154,6 +154,10 @@ def idle(cluster: Cluster, seconds: float) -> dict[str, Any]:
     return {"seconds": seconds, "pct_of_a_core": round(sum(each.values()), 2), "each": each}
 
 
+def all_ended(cluster: Cluster) -> None:
+    wait_for(lambda: all(j["state"] != "running" for j in cluster.ferry("ps")[1]), 300, "every job to end")
+
+
 def spread(cluster: Cluster) -> dict[str, int]:
     _, jobs = cluster.ferry("ps", "-a")
     return dict(sorted(Counter(j["node"] for j in jobs).items()))
@@ -333,8 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(5)  # the start's own work settles
                 result["idle_before"] = idle(cluster, args.idle_s)
             result["submits"] = submits(cluster, args.jobs, args.clients)
-            wait_for(lambda: all(j["state"] != "running" for j in cluster.ferry("ps")[1]), 300,
-                     "every job to end")
+            all_ended(cluster)
             result["spread"] = spread(cluster)
             result["ps_s"] = timed_cli(cluster, "ps", "-a")
             result["nodes_s"] = timed_cli(cluster, "nodes")
@@ -343,8 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.more_clients:
                 result["more_submits"] = submits(cluster, args.jobs, args.more_clients, prefix="m")
             if args.idle_s:
-                wait_for(lambda: all(j["state"] != "running" for j in cluster.ferry("ps")[1]), 300,
-                         "every job to end")
+                all_ended(cluster)
                 result["jobs_total"] = len(cluster.ferry("ps", "-a")[1])
                 result["idle_after"] = idle(cluster, args.idle_s)
         finally:
