@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ferry.common.errors import ConfigError
 
 if TYPE_CHECKING:  # the CLI imports this module for is_loopback: not the settings (pydantic-settings, 150 ms)
-    import ssl  # nor ssl, which a call in the clear does not need (10 ms of every command)
+    import ssl  # nor ssl, which a call in the clear does not need (3 to 10 ms of every command)
 
     from ferry.common.config import Settings
 
