@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from ferry.common.errors import UsageError
-from ferry.node import interruptions
+from ferry.node import metahttp
 from ferry.node.interruptions import (
     AwsImds,
     AzureScheduledEvents,
@@ -156,18 +156,18 @@ async def test_headers_are_enforced(server: MetadataServer) -> None:
     assert empty.status == 200 and empty.json()["Events"] == []
 
 
-async def test_requests_share_one_client_until_the_service_closes_it(server: MetadataServer) -> None:
+async def test_requests_share_one_connection_until_the_service_closes_it(server: MetadataServer) -> None:
     preempted, google = f"{server.url}/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"}
     assert (await http_request("GET", preempted, google)).status == 200
-    first = interruptions._client()
+    [first] = metahttp.pool().conns.values()
     assert (await http_request("GET", preempted, google)).status == 200
-    assert interruptions._client() is first  # kept: its connection stays open
-    open_before = not first.is_closed
+    assert list(metahttp.pool().conns.values()) == [first]  # kept: the same connection
+    open_before = not first.writer.is_closing()
     await close_client()
-    assert open_before and first.is_closed
+    assert open_before and first.writer.is_closing()
     await close_client()  # nothing left to close: no error
     assert (await http_request("GET", preempted, google)).status == 200  # a new one after a close
-    assert interruptions._client() is not first
+    assert list(metahttp.pool().conns.values()) != [first]
     await close_client()
 
 

@@ -42,22 +42,16 @@ goes away and comes back is reported again.
 import asyncio
 import contextlib
 import email.utils
-import functools
-import json
 import logging
-import ssl
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
-from urllib.parse import urlsplit
 
-import httpx
 from pydantic import BaseModel, ConfigDict
 
-from ferry.common.errors import FerryError
+from ferry.node import metahttp
+from ferry.node.metahttp import MetadataError as MetadataError  # raised by every source
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +67,6 @@ GCP_NOTICE_S = 30.0
 AZURE_NOTICE_S = 30.0
 AZURE_API_VERSION = "2020-07-01"
 _MAX_RESPONSE = 1 << 20
-
-
-class MetadataError(FerryError):
-    """A metadata endpoint cannot be reached or answered something unexpected."""
 
 
 class Notice(BaseModel):
@@ -97,49 +87,9 @@ class NoticeSource(Protocol):
         ...
 
 
-# --- HTTP (httpx) -------------------------------------------------------------------------------
+# --- HTTP (ferry.node.metahttp) -----------------------------------------------------------------
 
-
-@dataclass
-class HttpResponse:
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)  # names lower-cased
-    body: bytes = b""
-
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body)
-        except ValueError as exc:
-            raise MetadataError(f"expected JSON, got {self.text()[:80]!r}") from exc
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """Made once: httpx would build one per client (20 ms), and the endpoints are plain http."""
-    return ssl.create_default_context()
-
-
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
-
-
-def _client() -> httpx.AsyncClient:
-    """The running loop's client, kept between polls: its connections to the endpoint stay open
-    (a client and a connection per request were most of a node service's CPU when idle)."""
-    loop = asyncio.get_running_loop()
-    client = _CLIENTS.get(loop)
-    if client is None or client.is_closed:
-        client = _CLIENTS[loop] = httpx.AsyncClient(trust_env=False, verify=_tls())
-    return client
-
-
-async def close_client() -> None:
-    """Closes the running loop's client, if it has one (a service's close)."""
-    client = _CLIENTS.pop(asyncio.get_running_loop(), None)
-    if client is not None:
-        await client.aclose()
+HttpResponse = metahttp.Response
 
 
 async def http_request(
@@ -150,23 +100,14 @@ async def http_request(
     timeout: float = 2.0,
 ) -> HttpResponse:
     """One HTTP request to a metadata endpoint (plain http only, no proxy: the endpoints are
-    link-local); MetadataError on failure or on a body over 1 MiB."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise MetadataError(f"{url}: only http://host[:port]/path URLs are supported")
-    client = _client()
-    try:
-        async with client.stream(method, url, headers=dict(headers or {}), content=body, timeout=timeout) as reply:
-            data = bytearray()
-            async for chunk in reply.aiter_bytes():
-                data += chunk
-                if len(data) > _MAX_RESPONSE:
-                    raise MetadataError(f"{method} {url}: response larger than {_MAX_RESPONSE} bytes")
-    except httpx.TimeoutException as exc:
-        raise MetadataError(f"{method} {url}: no answer within {timeout}s") from exc
-    except httpx.HTTPError as exc:
-        raise MetadataError(f"{method} {url}: {exc}") from exc
-    return HttpResponse(reply.status_code, {k.lower(): v for k, v in reply.headers.items()}, bytes(data))
+    link-local), on the running loop's kept connection to it; MetadataError on failure or on a
+    body over 1 MiB."""
+    return await metahttp.request(method, url, dict(headers or {}), body, timeout)
+
+
+async def close_client() -> None:
+    """Closes the running loop's connections to the endpoints, if any (a service's close)."""
+    await metahttp.close_all()
 
 
 # --- time formats ----------------------------------------------------------------------------
