@@ -41,6 +41,7 @@ from nats.js.kv import KeyValue
 
 from ferry.common import wire
 from ferry.common.bus import BusError, M, Table
+from ferry.common.record import clone
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +117,11 @@ class Mirror(Generic[M]):
     # ---- reading -------------------------------------------------------------------------------
 
     def values(self) -> list[M]:
-        return [record.model_copy(deep=True) for _, (_, record) in sorted(self._records.items())]
+        return [clone(record) for _, (_, record) in sorted(self._records.items())]
 
     def get(self, key: str) -> M | None:
         found = self._records.get(key)
-        return found[1].model_copy(deep=True) if found else None
+        return clone(found[1]) if found else None
 
     def peek(self, key: str) -> M | None:
         """The record itself, to read only."""
@@ -194,7 +195,7 @@ class Mirror(Generic[M]):
         self._noted.add(key)
         self._seen = max(self._seen, revision)
         if current is None or revision >= current[0]:
-            kept = record if owned else record.model_copy(deep=True)
+            kept = record if owned else clone(record)
             self._records[key] = (revision, kept)
             self._index(key, current[1] if current else None, kept)
 

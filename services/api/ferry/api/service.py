@@ -328,7 +328,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         if not wire.is_token(name):
             raise UsageError(f"bad gang name {name!r}: use letters, digits, '-' and '_'")
         me = caller()
-        members = gangs.gang_members((j.model_copy(deep=True) for j in await self.all_jobs()
+        members = gangs.gang_members((j.clone() for j in await self.all_jobs()
                                       if j.gang == name and me.may_see(j)), name)
         if not members:
             raise NotFoundError(f"no gang {name!r}: `ferry ps` shows each job's gang")
@@ -401,7 +401,7 @@ class AdminServicer(pb_grpc.FerryAdminServicer):
         """The records the signals and plans read, as the caller may see them (another tenant's jobs
         are left out; nodes and prices are everyone's)."""
         me = caller()
-        jobs = [j.model_copy(deep=True) for j in await self.all_jobs() if me.may_see(j)]
+        jobs = [j.clone() for j in await self.all_jobs() if me.may_see(j)]
         prefix = f"{job.id}." if job is not None else ""
         seen = {j.id for j in jobs}
         checkpoints = [c for c in await self.bus.checkpoints.values(prefix=prefix) if c.job in seen]

@@ -184,7 +184,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
             for job in due:
                 if done.get(job.id) == job.updated or self.stopping.is_set():
                     continue
-                if await self.pipeline.expire(job.model_copy(deep=True)):
+                if await self.pipeline.expire(job.clone()):
                     done[job.id] = job.updated
                 else:  # the store refused: again in a while
                     retry = time.time() + EXPIRY_RETRY_S

@@ -478,7 +478,7 @@ class Scheduler(Service):
 
     async def placement(self, job: Job, exclude: str | None = None, wanted: str | None = None) -> Placement:
         """Where `job` could go now (``pick_node`` without touching `job`)."""
-        probe = job.model_copy(deep=True)
+        probe = job.clone()
         target, why = await self.pick_node(probe, wanted, exclude=exclude)
         return Placement(target, why, tuple(probe.gpu_uuids) if target else ())
 

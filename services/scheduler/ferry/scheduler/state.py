@@ -61,10 +61,10 @@ class OpsWritten:
 
     def get(self, op_id: str) -> Op | None:
         op = self._ops.get(op_id)
-        return op.model_copy(deep=True) if op is not None else None
+        return op.clone() if op is not None else None
 
     def wrote(self, op: Op) -> None:
-        self._ops[op.id] = op.model_copy(deep=True)
+        self._ops[op.id] = op.clone()
         self._ops.move_to_end(op.id)
         while len(self._ops) > self.most:
             self._ops.popitem(last=False)
@@ -127,7 +127,7 @@ class ClusterState:
 
     def gang_jobs(self, gang: str) -> list[Job]:
         """A copy of every job of the gang (members that ended too)."""
-        return [j.model_copy(deep=True) for j in self.gang_named(gang)]
+        return [j.clone() for j in self.gang_named(gang)]
 
     def taken_addresses(self) -> _TakenAddresses:
         return _TakenAddresses(self)
@@ -205,7 +205,7 @@ class ClusterState:
         op.error_kind = error_kind if error else ""
         op.total_ms = (time.time() - op.created) * 1000
         if job is not None:
-            op.job, op.job_record = op.job or job.id, job.model_copy(deep=True)
+            op.job, op.job_record = op.job or job.id, job.clone()
         await self.save_op(op)
 
     async def save_checkpoint(self, record: CheckpointRecord) -> bool:

@@ -41,7 +41,7 @@ def start(s: Step, *, stop: bool) -> None:
 def send(s: Step) -> None:
     stop = bool(getattr(s.op.args, "stop", False))
     s.send("checkpointer", wire.NodeCommand(
-        kind="checkpoint", op=s.op.id, job=s.job.model_copy(deep=True), incarnation=s.job.incarnation,
+        kind="checkpoint", op=s.op.id, job=s.job.clone(), incarnation=s.job.incarnation,
         checkpoint=s.op.checkpoint, parent=s.job.last_checkpoint, stop=stop))
 
 

@@ -42,13 +42,13 @@ class GangStep:
 
     @classmethod
     def of(cls, jobs: list[Job], op: Op) -> "GangStep":
-        return cls({j.id: j.model_copy(deep=True) for j in jobs}, op.model_copy(deep=True))
+        return cls({j.id: j.clone() for j in jobs}, op.clone())
 
     def save_job(self, job: Job, event: str | None = None, message: str = "") -> None:
-        self.effects.append(SaveJob(job.model_copy(deep=True), event, message))
+        self.effects.append(SaveJob(job.clone(), event, message))
 
     def save_op(self) -> None:
-        self.effects.append(SaveOp(self.op.model_copy(deep=True)))
+        self.effects.append(SaveOp(self.op.clone()))
 
     def send(self, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
         self.effects.append(Send(service, cmd))
@@ -68,7 +68,7 @@ def member_checkpoint(op_id: str, index: int) -> str:
 
 
 def _cmd(kind: wire.NodeCommandKind, op: Op, job: Job, **fields: object) -> wire.NodeCommand:
-    return wire.NodeCommand(kind=kind, op=op.id, job=job.model_copy(deep=True), incarnation=job.incarnation,
+    return wire.NodeCommand(kind=kind, op=op.id, job=job.clone(), incarnation=job.incarnation,
                             **fields)
 
 

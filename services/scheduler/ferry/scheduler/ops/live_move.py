@@ -154,7 +154,7 @@ def resend(job: Job, op: Op) -> Step:
 def _send_phase(s: Step) -> None:
     job, op = s.job, s.op
     a = _args(op)
-    snapshot = job.model_copy(deep=True)
+    snapshot = job.clone()
     if op.phase == "precopy" and op.checkpoint:
         s.send("checkpointer", wire.NodeCommand(
             kind="checkpoint", op=op.id, job=snapshot, incarnation=job.incarnation, checkpoint=op.checkpoint,

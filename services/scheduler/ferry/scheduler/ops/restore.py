@@ -22,7 +22,7 @@ from ferry.scheduler.ops.step import Step, next_checkpoint_at
 
 def send(s: Step) -> None:
     """The node command of the restore phase (sent again as is after a scheduler restart)."""
-    s.send("migrator", wire.NodeCommand(kind="restore", op=s.op.id, job=s.job.model_copy(deep=True),
+    s.send("migrator", wire.NodeCommand(kind="restore", op=s.op.id, job=s.job.clone(),
                                         incarnation=s.job.incarnation, checkpoint=s.op.checkpoint))
 
 

@@ -71,7 +71,7 @@ def _assign(job: Job, placement: Placement) -> None:
 
 
 def _launch(s: Step) -> None:
-    s.send("checkpointer", wire.NodeCommand(kind="launch", op=s.job.op, job=s.job.model_copy(deep=True),
+    s.send("checkpointer", wire.NodeCommand(kind="launch", op=s.job.op, job=s.job.clone(),
                                             incarnation=s.job.incarnation))
 
 
@@ -111,7 +111,7 @@ def kill(job: Job, op: Op, grace_s: float, now: float) -> Step:
     s.save_job()
     op.state = OpState.RUNNING
     s.save_op()
-    s.send("checkpointer", wire.NodeCommand(kind="kill", op=op.id, job=job.model_copy(deep=True),
+    s.send("checkpointer", wire.NodeCommand(kind="kill", op=op.id, job=job.clone(),
                                             incarnation=job.incarnation, grace_s=grace_s))
     return s
 

@@ -53,13 +53,13 @@ class Step:
 
     @classmethod
     def of(cls, job: Job, op: Op) -> "Step":
-        return cls(job.model_copy(deep=True), op.model_copy(deep=True))
+        return cls(job.clone(), op.clone())
 
     def save_job(self, event: str | None = None, message: str = "") -> None:
-        self.effects.append(SaveJob(self.job.model_copy(deep=True), event, message))
+        self.effects.append(SaveJob(self.job.clone(), event, message))
 
     def save_op(self) -> None:
-        self.effects.append(SaveOp(self.op.model_copy(deep=True)))
+        self.effects.append(SaveOp(self.op.clone()))
 
     def send(self, service: wire.NodeService, cmd: wire.NodeCommand) -> None:
         self.effects.append(Send(service, cmd))
@@ -90,7 +90,7 @@ def ended(op: Op, now: float, *, error: str | None = None, error_code: int = 1, 
     ended already (an op ends once)."""
     if op.finished:
         return None
-    out = op.model_copy(deep=True)
+    out = op.clone()
     for key, value in fields.items():
         setattr(out, key, value)
     out.state = OpState.FAILED if error else OpState.DONE
@@ -98,7 +98,7 @@ def ended(op: Op, now: float, *, error: str | None = None, error_code: int = 1, 
     out.error_code = error_code if error else 0
     out.error_kind = ""
     out.total_ms = (now - out.created) * 1000
-    out.job_record = job.model_copy(deep=True) if job is not None else None
+    out.job_record = job.clone() if job is not None else None
     return out
 
 
