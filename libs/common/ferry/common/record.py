@@ -14,7 +14,7 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     def clone(self) -> Self:
-        """A deep copy, as ``model_copy(deep=True)`` makes it, at a fifth of its CPU: records hold
+        """A deep copy, as ``model_copy(deep=True)`` makes it, at a third of its CPU: records hold
         JSON's values (and enums, records, sets of them), copied here without ``copy.deepcopy``'s
         memo. The scheduler copies every job and op at each step of an operation."""
         return clone(self)

@@ -101,7 +101,7 @@ async def http_request(
     """One HTTP request to a metadata endpoint (plain http only, no proxy: the endpoints are
     link-local), on the running loop's kept connection to it; MetadataError on failure or on a
     body over 1 MiB."""
-    return await metahttp.request(method, url, dict(headers or {}), body, timeout)
+    return await metahttp.request(method, url, headers, body, timeout)
 
 
 async def close_client() -> None:

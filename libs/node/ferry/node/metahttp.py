@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -159,10 +160,8 @@ class Pool:
     async def request(self, method: str, target: Target, headers: dict[str, str], body: bytes) -> Response:
         if method not in IDEMPOTENT:  # never sent twice: a connection of its own
             conn = await self.connect(target)
-            try:
+            try:  # a new connection is never stale (_Stale): nothing to send again
                 return await conn.exchange(method, target, headers, body)
-            except _Stale as exc:  # not reused, so not stale: cannot happen
-                raise MetadataError("the endpoint closed the connection") from exc
             finally:
                 conn.close()
         key = (target.host, target.port)
@@ -192,11 +191,6 @@ class Pool:
         if self.conns.get(key) is conn:
             del self.conns[key]
 
-    def close(self) -> None:
-        for conn in self.conns.values():
-            conn.close()
-        self.conns.clear()
-
 
 _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pool] = weakref.WeakKeyDictionary()
 
@@ -210,7 +204,7 @@ def pool() -> Pool:
     return found
 
 
-async def request(method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"",
+async def request(method: str, url: str, headers: Mapping[str, str] | None = None, body: bytes = b"",
                   timeout: float = 2.0) -> Response:
     """One request, answered within ``timeout`` seconds; MetadataError otherwise (the message
     names the method and the URL)."""
