@@ -82,8 +82,11 @@ def test_a_bridge_job_keeps_its_address_and_its_peers_through_every_kind_of_move
     on(c, "br-srv", "node-1")
     wait_until(lambda: ask(node_ip(c, "node-1"), 18080, 7) == 8, 30, "the published port to follow the job")
     for name in clients:
-        assert c.ferry("wait", name, "--timeout", "300").returncode == 0
-        assert c.logs(name) == WANT, f"{name}: its connection lost or repeated a message"
+        done = c.ferry("wait", name, "--timeout", "300", check=False)
+        out = c.logs(name)
+        err = c.ferry("logs", name, "--stream", "stderr").stdout
+        assert done.returncode == 0, f"{name}: {done.stdout.strip()}; output ends {out[-200:]!r}; stderr {err!r}"
+        assert out == WANT, f"{name}: its connection lost or repeated a message"
     peers = c.logs("br-srv").split()
     for name in clients:  # the server saw each client's own address (no NAT between jobs)
         assert c.json("status", name)["address"] in peers, peers
