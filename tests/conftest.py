@@ -35,22 +35,47 @@ BIN = Path(sys.executable).parent
 PY = sys.executable
 
 
-# What runs one after another in one worker of `pytest -n 2` (tox's py env), while the other
-# worker runs the rest: everything that loads the machine or looks at all its processes (tests/e2e:
-# copies of a command, lazy-pages daemons), the GPU checks, and the integration tests that start
-# lazy-pages daemons. (xdist's own --dist loadgroup does nothing with pytest 9: it renames node ids
-# through an attribute pytest no longer reads.)
-SERIAL = ("tests/e2e/", "tests/gpu/", "tests/integration/test_criu_lazy.py", "tests/integration/test_live_tcp.py")
+# How `pytest -n 2` (tox's py env) shares the work between its two workers. Each end-to-end (and
+# GPU) file is one unit that runs whole, in order, on one worker: its tests share its clusters.
+# Every other test is a unit of its own. Units go out in the order collected, which
+# pytest_collection_modifyitems makes longest first: the end-to-end files, the slowest of them
+# first, then the integration tests, the slow ones first, then the unit tests, which fill the tail.
+# Two end-to-end files may run side by side: each has its own cluster (ports, data dir, network
+# namespaces), and what a test looks for among the machine's processes is its own (an argv no
+# other test runs; its cluster's data dir). Before, every end-to-end test ran on one worker, and
+# that worker alone took the suite's whole time (3006 s in CI, stop 42) while the other had
+# finished. (xdist's own --dist loadgroup does nothing with pytest 9: it renames node ids through
+# an attribute pytest no longer reads.)
+WHOLE = ("tests/e2e/", "tests/gpu/")
+SLOWEST = (  # the longest files and tests in CI's durations (stop 42), started first
+    "tests/e2e/test_autoscale.py", "tests/e2e/test_chaos.py", "tests/e2e/test_nats_cluster.py",
+    "tests/e2e/test_live.py", "tests/e2e/test_slurm.py", "tests/e2e/test_gang.py",
+    "tests/e2e/test_control.py", "tests/e2e/test_gang_torchrun.py", "tests/e2e/test_gang_ray.py",
+    "tests/integration/test_kube_node.py", "tests/integration/test_setup.py::test_criu_step",
+    "tests/integration/test_kube_group.py",
+)
+
+
+def _cost_rank(nodeid: str) -> tuple[int, int]:
+    kind = 0 if nodeid.startswith(WHOLE) else 1 if nodeid.startswith("tests/integration/") else 2
+    known = [i for i, prefix in enumerate(SLOWEST) if nodeid.startswith(prefix)]
+    return kind, known[0] if known else len(SLOWEST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _cost_rank(item.nodeid))  # stable: a file's tests keep their order
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
-    class SerialFirst(LoadScopeScheduling):  # type: ignore[misc]  # a scope runs whole, in order, on one worker
-        def _split_scope(self, nodeid: str) -> str:
-            return "serial" if nodeid.startswith(SERIAL) else nodeid
+    config.option.loadscopereorder = False  # the collected order (above), not the largest units first
 
-    return SerialFirst(config, log)
+    class FilesWhole(LoadScopeScheduling):  # type: ignore[misc]  # a scope runs whole, in order, on one worker
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid.partition("::")[0] if nodeid.startswith(WHOLE) else nodeid
+
+    return FilesWhole(config, log)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1,

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
+from ferry.node.base import scratch_dir
 from tests.conftest import BIN, PY, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster, wait_until
 from tests.e2e.test_resilience import kill_service
 
@@ -215,12 +216,17 @@ BIG_HOG = [PY, str(WORKLOADS / "memhog.py"), "--mib", "384", "--dirty-pct", "2",
            "--rounds", "70"]
 
 
-def lazy_daemons() -> list[psutil.Process]:
-    """The `criu lazy-pages` processes on this machine (not the shell that records their exit)."""
+def lazy_daemons(c: Cluster) -> list[psutil.Process]:
+    """The `criu lazy-pages` processes of `c`'s nodes (their images are in the nodes' scratch
+    folders), not the shell that records their exit, nor another cluster's: end-to-end files run
+    side by side."""
+    places = tuple(f"{scratch_dir(c.env.get('FERRY_SCRATCH_DIR', ''), c.data_dir / 'nodes' / node, node)}/"
+                   for node in ("node-1", "node-2"))
     found = []
     for p in psutil.process_iter(["cmdline"]):
         argv = p.info["cmdline"] or []
-        if len(argv) > 1 and Path(argv[0]).name == "criu" and argv[1] == "lazy-pages":
+        if (len(argv) > 1 and Path(argv[0]).name == "criu" and argv[1] == "lazy-pages"
+                and any(a.startswith(places) for a in argv)):
             found.append(p)
     return found
 
@@ -241,7 +247,7 @@ def test_migrator_killed_while_the_memory_arrives_finishes_or_undoes_the_move(cl
     # Held still as soon as the restored copy shows up beside the frozen source: polling
     # `ferry status` (0.7 s a call on a loaded machine) for "still arriving" first sometimes saw
     # the transfer end before the daemon could be found.
-    lazy = wait_until(lambda: len(copies(BIG_HOG)) == 2 and len(d := lazy_daemons()) == 1 and d[0], 120,
+    lazy = wait_until(lambda: len(copies(BIG_HOG)) == 2 and len(d := lazy_daemons(cluster)) == 1 and d[0], 120,
                       "the restored copy beside its frozen source", interval=0.02)
     group = os.getpgid(lazy.pid)
     os.killpg(group, signal.SIGSTOP)
@@ -265,6 +271,6 @@ def test_migrator_killed_while_the_memory_arrives_finishes_or_undoes_the_move(cl
         assert status["state"] == "running" and status["node"] == "node-1", status
     running = wait_until(lambda: (c := copies(BIG_HOG)) and len(c) == 1 and c, 20, "one running copy")
     assert next(iter(running.values())) not in ("T", "t"), "a copy is left frozen"
-    assert not lazy_daemons()
+    assert not lazy_daemons(cluster)
     assert cluster.ferry("wait", name, "--timeout", "300").returncode == 0
     assert cluster.logs(name) == want
