@@ -8,7 +8,10 @@ all four with the job."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from ferry.criu.launch import launch, restore
 from ferry.criu.linux import DEVICES, DROPPED_CAPABILITIES
 from ferry.criu.runner import CriuRunner
 from ferry.criu.treekill import kill_tree
-from tests.integration.criu_helpers import ENV, wait_exit, wait_for
+from tests.integration.criu_helpers import COUNTER, ENV, wait_exit, wait_for
 from tests.integration.test_criu_migrate import lines_in, rebuild
 
 pytestmark = [pytest.mark.criu, pytest.mark.timeout(60)]
@@ -92,6 +95,37 @@ async def test_a_job_never_sees_the_hidden_folder_before_or_after_a_restore(tmp_
     pids.append(restored.pid)
     await wait_for("output after the restore", lambda: len(lines_in(dst.stdout)) >= len(lines_in(src.stdout)) + 3)
     assert_shut_out(probes(dst))
+    await kill_tree(restored.pid, grace_s=0)
+
+
+async def test_another_containers_mount_gone_before_the_restore_does_not_fail_it(tmp_path: Path, criu_ok: CriuRunner,
+                                                                                 pids: list[int]) -> None:
+    """A container's root filesystem mounted on the node when the job started, gone (its container
+    ended) by the restore. Before, the job's mount namespace kept a copy of it, CRIU recorded it
+    as an external mount, and the restore failed on its missing mount point (CI: a containerd
+    test ran beside a CRIU one)."""
+    rootfs = tmp_path / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / "c1" / "rootfs"
+    rootfs.mkdir(parents=True)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "ferry-test-rootfs", str(rootfs)]
+    await asyncio.to_thread(subprocess.run, mount, check=True)
+    try:
+        (tmp_path / "cwd").mkdir()
+        src = JobDir(tmp_path / "a")
+        info = await launch(src, ["sh", "-c", COUNTER], cwd=tmp_path / "cwd", env=ENV, incarnation=1)
+        pids.append(info.pid)
+        await wait_for("output", lambda: len(lines_in(src.stdout)) >= 3)
+        assert str(rootfs) not in Path(f"/proc/{info.pid}/mountinfo").read_text(), \
+            "the job sees another container's root filesystem"
+        dumped = await criu_ok.dump(info.pid, tmp_path / "images", leave_running=False,
+                                    record_sizes=[src.stdout, src.stderr])
+        await wait_exit(src)
+    finally:  # the container ends: its root filesystem and its folder go
+        await asyncio.to_thread(subprocess.run, ["umount", str(rootfs)], check=True)
+        shutil.rmtree(tmp_path / "state")
+    dst = JobDir(tmp_path / "b")
+    restored = await restore(dst, tmp_path / "images", inherit=rebuild(src, dst, dumped), incarnation=2)
+    pids.append(restored.pid)
+    await wait_for("output after the restore", lambda: len(lines_in(dst.stdout)) >= len(lines_in(src.stdout)) + 3)
     await kill_tree(restored.pid, grace_s=0)
 
 

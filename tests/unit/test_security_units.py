@@ -16,7 +16,7 @@ from ferry.common.natsauth import authorization_block, node_user, permissions, r
 from ferry.common.sealing import SealError, new_key_pair, open_env, seal_env
 from ferry.common.tenancy import OPEN, Principal, Role, Tenants, Usage, token_hash
 from ferry.common.tls import is_loopback
-from ferry.criu.linux import mount_points, nsfs_points
+from ferry.criu.linux import mount_points, nsfs_points, runtime_points
 from ferry.node.base import hidden_from_jobs
 from ferry.store.keys import write_private
 from ferry.v1 import ferry_pb2 as pb
@@ -196,6 +196,22 @@ def test_the_pinned_namespaces_a_job_leaves_behind_are_the_nsfs_mounts() -> None
             "130 129 0:4 net:[4026532] /run/netns/ferry-0ce1-n1 rw shared:6 - nsfs nsfs rw\n"
             "131 129 0:4 net:[4026533] /run/netns/ferry-0ce1-auto\\040x rw - nsfs nsfs rw\n")
     assert nsfs_points(text) == ["/run/netns/ferry-0ce1-n1", "/run/netns/ferry-0ce1-auto x"]
+
+
+def test_other_containers_mounts_are_the_runtimes_and_the_nodes_own_are_not() -> None:
+    task = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/5f15"
+    text = ("22 1 0:21 / / rw - ext4 /dev/vda1 rw\n"
+            f"40 22 0:30 / {task}/rootfs rw - overlay overlay rw\n"
+            "41 22 0:31 / /run/containerd/io.containerd.grpc.v1.cri/sandboxes/5f15/shm rw - tmpfs shm rw\n"
+            "42 22 0:32 / /var/lib/kubelet/pods/u1/volumes/kubernetes.io~secret/token rw - tmpfs tmpfs rw\n"
+            "43 22 0:33 / /var/lib/docker/overlay2/ab12/merged rw - overlay overlay rw\n"
+            "44 22 0:34 / /var/lib/containers/storage/overlay/cd34/merged rw - overlay overlay rw\n"
+            "45 22 0:35 / /var/lib/kubelet rw - ext4 /dev/vdb rw\n"  # the node's own disk, not a container's
+            "46 22 0:36 / /srv/io.containerd.notes rw - ext4 /dev/vdc rw\n")
+    assert runtime_points(text) == [f"{task}/rootfs", "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/5f15/shm",
+                                    "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~secret/token",
+                                    "/var/lib/docker/overlay2/ab12/merged",
+                                    "/var/lib/containers/storage/overlay/cd34/merged"]
 
 
 def test_an_operation_that_fails_after_it_streamed_is_audited_as_failed() -> None:

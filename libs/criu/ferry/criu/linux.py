@@ -33,6 +33,7 @@ __all__ = [
     "process_tree",
     "refuse_io_uring",
     "reset_signals",
+    "runtime_points",
     "set_child_subreaper",
     "setns",
     "unshare",
@@ -135,6 +136,20 @@ def nsfs_points(mountinfo: str) -> list[str]:
         if "-" in fields and fields.index("-") + 1 < len(fields) and fields[fields.index("-") + 1] == "nsfs":
             points.append(_unescape(fields[4]))
     return points
+
+
+RUNTIME_MARKERS = (
+    "/io.containerd.runtime.v2.task/", "/io.containerd.runtime.v1.linux/", "/io.containerd.grpc.v1.cri/",
+    "/kubelet/pods/", "/docker/overlay2/", "/docker/containers/", "/containers/storage/overlay",
+)
+"""Path parts that mark a container runtime's mounts on a node: containers' root filesystems,
+shm and volumes (containerd, the kubelet, Docker, CRI-O and Podman)."""
+
+
+def runtime_points(mountinfo: str) -> list[str]:
+    """The mount points of container runtimes' mounts (``RUNTIME_MARKERS``) in a
+    /proc/PID/mountinfo text: other containers' files, which come and go with them."""
+    return [point for point in mount_points(mountinfo) if any(m in f"{point}/" for m in RUNTIME_MARKERS)]
 
 
 def _detach_at_and_below(path: str) -> None:
@@ -243,11 +258,13 @@ def mount_own_proc() -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # the host's pinned namespaces (its nodes' network namespaces under /run/netns, with `ferry up`)
-    # are none of the job's business, and a copy of each would be an external mount its restore
-    # needs: one that is gone by then (a node the autoscaler retired) fails the restore
+    # and other containers' root filesystems, shm and volumes are none of the job's business, and
+    # a copy of each would be an external mount its restore needs: one that is gone by then (a
+    # node the autoscaler retired, a container that ended; on another node, any of them) fails
+    # the restore
     with open("/proc/self/mountinfo") as f:
-        pinned = nsfs_points(f.read())
-    for point in reversed(pinned):
+        mountinfo = f.read()
+    for point in reversed([*nsfs_points(mountinfo), *runtime_points(mountinfo)]):
         with contextlib.suppress(OSError):
             _umount_detach(point)
 
