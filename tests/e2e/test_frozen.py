@@ -43,7 +43,6 @@ def cluster(criu_bin: str) -> Iterator[Cluster]:
     stop_cluster(c)
 
 
-
 def workload_pid(cluster: Cluster, node: str, job_id: str) -> int:
     shim = cluster.data_dir / "nodes" / node / "jobs" / job_id / "shim.json"
     return int(json.loads(shim.read_text())["pid"])
