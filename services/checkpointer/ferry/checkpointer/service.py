@@ -69,6 +69,10 @@ EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkp
 # a pass over every job follows a burst of changes this long after it began (not one per change)
 EXPIRY_SETTLE_S = 2.0  # the checkpoints of ended jobs: days of keeping, seconds do not matter
 JOBNET_SETTLE_S = 0.05  # routes to new bridge-network jobs: soon
+# a pass that failed is tried again after 0.5 s, doubling to 8 s, until one succeeds: a job moved
+# while its routes could not be written must not wait for the next job change (for a gang with no
+# periodic checkpoint there may be none, and its peers' connections time out meanwhile)
+JOBNET_RETRY_S = (0.5, 8.0)
 
 
 class Checkpointer(GangMember, LiveSource, NodeService):
@@ -202,6 +206,7 @@ class Checkpointer(GangMember, LiveSource, NodeService):
         changed = jobs.listen()
         nodes = Mirror(self.bus.nodes, changed=changed)
         await nodes.start()
+        retry_s: float | None = None  # after a failed pass: the next one comes by itself, not only on a change
         try:
             while not self.stopping.is_set():
                 changed.clear()
@@ -209,10 +214,12 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                 if state != self.jobnet.applied:
                     try:
                         await asyncio.to_thread(self.jobnet.apply, state)
+                        retry_s = None
                     except OSError as exc:
-                        log.warning("the job network's routes and forwards: %s", exc)
-                        self.jobnet.applied = None  # try again on the next change
-                await self.until_change(changed, settle_s=JOBNET_SETTLE_S)
+                        retry_s = JOBNET_RETRY_S[0] if retry_s is None else min(retry_s * 2, JOBNET_RETRY_S[1])
+                        log.warning("the job network's routes and forwards (again in %.1f s): %s", retry_s, exc)
+                        self.jobnet.applied = None
+                await self.until_change(changed, retry_s, settle_s=JOBNET_SETTLE_S)
         finally:
             await nodes.close()
 
