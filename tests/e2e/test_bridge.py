@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import PY, Cluster, wait_until
 from tests.e2e.test_errors import one_line_error
+from tests.netdiag import network_diagnosis
 from tests.programs import tcp_answer_server, tcp_counter_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
@@ -48,7 +49,8 @@ def progress(c: Cluster, job: str) -> int:
 
 
 def answered(c: Cluster, job: str, lines: int, node: str) -> None:
-    wait_until(lambda: progress(c, job) >= lines, 90, f"{job} to be answered on {node}")
+    wait_until(lambda: progress(c, job) >= lines, 90, f"{job} to be answered on {node}",
+               explain=lambda: network_diagnosis(c, ["br-srv", "br-c1", "br-c2"]))
 
 
 def test_a_bridge_job_keeps_its_address_and_its_peers_through_every_kind_of_move(cluster: Cluster) -> None:
@@ -85,7 +87,8 @@ def test_a_bridge_job_keeps_its_address_and_its_peers_through_every_kind_of_move
         done = c.ferry("wait", name, "--timeout", "300", check=False)
         out = c.logs(name)
         err = c.ferry("logs", name, "--stream", "stderr").stdout
-        assert done.returncode == 0, f"{name}: {done.stdout.strip()}; output ends {out[-200:]!r}; stderr {err!r}"
+        assert done.returncode == 0, (f"{name}: {done.stdout.strip()}; output ends {out[-200:]!r}; stderr {err!r}\n"
+                                      + network_diagnosis(c, ["br-srv", *clients]))
         assert out == WANT, f"{name}: its connection lost or repeated a message"
     peers = c.logs("br-srv").split()
     for name in clients:  # the server saw each client's own address (no NAT between jobs)

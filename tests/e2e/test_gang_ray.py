@@ -7,12 +7,14 @@ counts go on with no number lost or repeated."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PY, Cluster, wait_until
 from tests.e2e.test_ray import ray_processes
+from tests.netdiag import network_diagnosis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -59,18 +61,41 @@ def rows(c: Cluster) -> list[tuple[int, int, int]]:
     return [(int(x), int(y), int(sq)) for x, y, sq in (line.split() for line in lines[lines.index("ready") + 1:])]
 
 
-def counts_past(c: Cluster, more: int, start: int | None = None) -> None:
+STALL_S = 20.0  # a driver this long without a row is stuck: the network is read while it still is
+
+
+def counts_past(c: Cluster, more: int, start: int | None = None, after: object = None) -> None:
+    """Waits for `more` rows. `after`: what the step before returned (a move's figures), printed
+    with a failure, and with it the job network as it was once the driver had stalled."""
     start = len(rows(c)) if start is None else start
+    seen, since, stalled = start, time.monotonic(), ""
+
+    def counted() -> bool:
+        nonlocal seen, since, stalled
+        n = len(rows(c))
+        if n != seen:
+            seen, since = n, time.monotonic()
+        elif not stalled and time.monotonic() - since > STALL_S:
+            stalled = network_diagnosis(c, MEMBERS)
+        return n >= start + more
     try:
-        wait_until(lambda: len(rows(c)) >= start + more, 180, f"the driver to count {more} more")
+        wait_until(counted, 180, f"the driver to count {more} more")
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{diagnosis(c)}") from None
+        raise AssertionError(f"{e}\nthe step before returned: {after}\n"
+                             f"the network {STALL_S:.0f} s into the stall:\n{stalled}\n{diagnosis(c)}") from None
 
 
 def diagnosis(c: Cluster) -> str:
-    """What a stalled driver leaves to read: the members' records, the head's last output and Ray's
-    own warnings and errors (its session logs), so a failure in CI says where the calls stopped."""
+    """What a stalled driver leaves to read: the members' records, the head's last output, Ray's
+    own warnings and errors (its session logs), the job network as the nodes and the members see
+    it, and the node services' warnings, so a failure in CI says where the calls stopped."""
     parts = []
+    for node in ("n1", "n2", "n3"):
+        for svc in ("checkpointer", "migrator"):
+            log = c.data_dir / "logs" / f"{svc}-{node}.log"
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+            warned = [line[:300] for line in lines if " WARNING " in line or " ERROR " in line]
+            parts.append(f"--- {svc}@{node} warnings\n" + "\n".join(warned[-15:]))
     for job in MEMBERS:
         s = c.json("status", job)
         parts.append(f"{job}: {s.get('state')} on {s.get('node')}, exit {s.get('exit_code')}, "
@@ -83,7 +108,8 @@ def diagnosis(c: Cluster) -> str:
     for f in sorted(logs.glob("*.*")) if logs.is_dir() else ():
         if f.suffix in (".log", ".out", ".err"):
             found += [f"{f.name}: {line[:300]}" for line in f.read_text(errors="replace").splitlines()
-                      if " W " in line[:40] or " E " in line[:40] or "Error" in line]
+                      if (" W " in line[:40] or " E " in line[:40] or "Error" in line)
+                      and "cannot be loaded because" not in line]  # the dashboard's missing extras
     parts.append("Ray's warnings and errors:\n" + "\n".join(found[-60:]))
     return "\n".join(parts)
 
@@ -106,9 +132,9 @@ def test_a_ray_cluster_gang_moves_a_worker_live_restores_whole_and_survives_a_wo
     wait_until(lambda: len(rows(c)) >= 10, 300, "the driver to start counting on both workers")
 
     # (b) a worker moves live while the driver keeps calling it; the rest runs on
-    c.json("migrate", "rg-w1", "--to", "n1", "--live")
+    moved = c.json("migrate", "rg-w1", "--to", "n1", "--live")
     assert where(c)["rg-w1"] == "n1"
-    counts_past(c, 20)
+    counts_past(c, 20, after=moved)
 
     # (a) the whole gang, stopped with one group checkpoint and restored on other nodes
     group = c.json("checkpoint", "--gang", "rg", "--stop")
