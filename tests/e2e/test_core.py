@@ -74,15 +74,21 @@ def test_memhog_restored_on_the_other_node_prints_the_same_crc_sequence(cluster:
     assert len(got.splitlines()) == 41
 
 
-def test_process_tree_with_pipes_survives_and_its_exit_code_is_reported(cluster: Cluster) -> None:
+def test_process_tree_with_pipes_survives_and_its_exit_code_is_reported(cluster: Cluster, tmp_path: Path) -> None:
+    # after its 20th line the producer waits for `go`, made once the tree runs on node-2: on a
+    # loaded machine the whole count could otherwise end before the checkpoint (a dump of a tree
+    # that exits under it fails)
+    go = tmp_path / "go"
     script = (
-        "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; sleep 0.05; done | "
+        "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; "
+        f"if [ $i -eq 20 ]; then while [ ! -e {go} ]; do sleep 0.05; done; fi; sleep 0.05; done | "
         'while read x; do echo "got $x"; done; exit 7'
     )
     cluster.json("run", "--name", "tree", "--node", "node-1", "--", "sh", "-c", script)
     cluster.wait_lines("tree", 15)
     cluster.json("checkpoint", "tree", "--stop")
     cluster.json("restore", "tree", "--node", "node-2")
+    go.touch()
     waited = cluster.ferry("wait", "tree", "--timeout", "120", check=False)
     assert waited.returncode == 7
     status = cluster.json("status", "tree")
