@@ -1,11 +1,17 @@
 """End to end: the real `ferry` CLI against a real all-in-one cluster, with real CRIU and NATS."""
 
+import os
 import random
+import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PY, WORKLOADS, Cluster, reference_output, start_cluster, stop_cluster, wait_until
+from tests.e2e.test_frozen import workload_pid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.criu]
 
@@ -94,6 +100,41 @@ def test_process_tree_with_pipes_survives_and_its_exit_code_is_reported(cluster:
     status = cluster.json("status", "tree")
     assert status["state"] == "failed" and status["exit_code"] == 7
     assert cluster.logs("tree").splitlines() == [f"got {i}" for i in range(1, 61)]
+
+
+def test_a_job_that_ends_during_its_checkpoint_is_said_to_have_ended_in_one_line(cluster: Cluster) -> None:
+    """The job is killed the moment CRIU seizes it (its TracerPid turns to CRIU's): the checkpoint
+    fails with a line that says the job ended, not CRIU's words for a namespace that went away
+    under it, and the job's end is reported as any other."""
+    job = cluster.json("run", "--name", "gone", "--node", "node-1", "--", "sh", "-c",
+                       "while true; do echo x; sleep 0.05; done")
+    cluster.wait_lines("gone", 3)
+    pid = workload_pid(cluster, "node-1", job["id"])
+    done = threading.Event()
+
+    def kill_once_seized() -> None:
+        while not done.is_set():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                return
+            if re.search(r"^TracerPid:\s*[1-9]", status, re.M):
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.0005)
+    killer = threading.Thread(target=kill_once_seized)
+    killer.start()
+    try:
+        result = cluster.ferry("checkpoint", "gone", check=False)
+    finally:
+        done.set()
+        killer.join()
+    assert result.returncode != 0, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "job gone ended while it was being checkpointed, so nothing was saved" in lines[0], lines
+    assert [c["state"] for c in cluster.json("checkpoints", "gone")] == ["failed"]  # none committed
+    ended = wait_until(lambda: (s := cluster.json("status", "gone"))["state"] == "failed" and s, 30, "its end")
+    assert ended["exit_code"] == 128 + signal.SIGKILL, ended
 
 
 def test_second_checkpoint_uploads_only_what_changed(cluster: Cluster) -> None:

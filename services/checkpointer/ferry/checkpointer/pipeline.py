@@ -184,6 +184,9 @@ class CheckpointPipeline:
             record.log_excerpt = list(getattr(exc, "log_excerpt", []) or [])
             if record.log_excerpt:
                 record.error = f"{exc} | CRIU log: " + " / ".join(record.log_excerpt[-5:])
+            if not alive(shim.pid):  # CRIU's own words for that (a namespace gone, no such process) say little
+                record.error = (f"job {job.name} ended while it was being checkpointed, so nothing was saved; "
+                                f"its exit is reported as usual ({record.error})")
             record.total_ms = (time.monotonic() - t0) * 1000
             log.warning("checkpoint %s of %s failed: %s", cmd.checkpoint, job.name, record.error)
             await self._report(cmd, "checkpoint_failed", record)
