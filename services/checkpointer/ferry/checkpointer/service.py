@@ -70,8 +70,8 @@ EXPIRY_RETRY_S = 60.0  # after the store refused to delete an ended job's checkp
 EXPIRY_SETTLE_S = 2.0  # the checkpoints of ended jobs: days of keeping, seconds do not matter
 JOBNET_SETTLE_S = 0.05  # routes to new bridge-network jobs: soon
 # a pass that failed is tried again after 0.5 s, doubling to 8 s, until one succeeds: a job moved
-# while its routes could not be written must not wait for the next job change (for a gang with no
-# periodic checkpoint there may be none, and its peers' connections time out meanwhile)
+# while its routes could not be written must not wait for the next record change (the other
+# nodes' heartbeats are such changes, but a node alone, or with peers that beat rarely, has few)
 JOBNET_RETRY_S = (0.5, 8.0)
 
 
