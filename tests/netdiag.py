@@ -6,11 +6,11 @@ went: CI removes the cluster with its namespaces once the test has failed."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 from tests.conftest import Cluster
+from tests.e2e.test_frozen import workload_pid
 
 NODE_COMMANDS = (["ip", "-4", "route", "show", "proto", "77"], ["ip", "-4", "neigh", "show", "dev", "ferry0"],
                  ["bridge", "link", "show"], ["nft", "list", "tables"])
@@ -29,10 +29,9 @@ def _in(netns: str, argv: list[str]) -> str:
 
 def _job_pid(c: Cluster, job: str) -> int | None:
     status = c.json("status", job)
-    shim = c.data_dir / "nodes" / str(status.get("node")) / "jobs" / str(status.get("id")) / "shim.json"
     try:
-        return int(json.loads(shim.read_text())["pid"])
-    except (OSError, ValueError, KeyError):
+        return workload_pid(c, str(status.get("node")), str(status.get("id")))
+    except (OSError, ValueError, KeyError):  # not running anywhere now
         return None
 
 
