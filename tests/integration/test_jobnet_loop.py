@@ -1,6 +1,6 @@
 """The checkpointer's job-network loop against a real nats-server: a pass that could not write the
-routes is tried again by itself, not only at the next change of a job record (a gang with no
-periodic checkpoint may have none for minutes, and its members' connections time out meanwhile)."""
+routes is tried again by itself, not only at the next change of a job or node record (in a cluster
+the other nodes' heartbeats are such changes; a node alone, or with peers that beat rarely, has few)."""
 
 from __future__ import annotations
 
