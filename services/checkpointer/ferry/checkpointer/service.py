@@ -286,6 +286,9 @@ class Checkpointer(GangMember, LiveSource, NodeService):
                                     for c in self.gpu_report.conditions],
                     usage=usage)
         found = await self.bus.nodes.get_rev(self.node_id)
+        # stamped now, not when the record was built: the read retries for seconds while the bus
+        # elects a leader, and a beat that arrives already old reads to health as silence
+        node.heartbeat = time.time()
         if found is None:
             with contextlib.suppress(CasConflict):
                 await self.bus.nodes.create(self.node_id, node)
