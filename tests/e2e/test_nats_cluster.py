@@ -71,7 +71,11 @@ def test_one_nats_server_killed_midway_loses_nothing(r3_cluster: Cluster) -> Non
             assert moved.returncode != 0 and moved.stderr.count("\n") == 1, moved.stderr
 
             def again() -> bool:  # as a user would, until the bus has settled: a periodic checkpoint
-                # (every 2 s) may hold the job, a node whose server died may not have beaten yet
+                # (every 2 s) may hold the job, a node whose server died may not have beaten yet.
+                # n1 may also miss its beats for 5 s while the streams elect (CI, stop 44): health
+                # then declares it lost and the job fails over to n2, the move's target anyway
+                if (s := status(c)) and s["node"] == "n2" and s["state"] == "running":
+                    return True
                 out = c.ferry("migrate", "r3", "--to", "n2", check=False)
                 assert out.returncode == 0 or out.stderr.count("\n") == 1, out.stderr
                 return out.returncode == 0
