@@ -134,9 +134,15 @@ def test_a_job_with_a_fresh_periodic_checkpoint_moves_without_a_pre_copy_round(c
     want = reference_output(argv)
     cluster.json("run", "--name", "live-periodic", "--node", "node-2", "--checkpoint-every", "6s", "--", *argv)
     wait_until(lambda: cluster.json("status", "live-periodic")["last_checkpoint"], 60, "a periodic checkpoint")
+    before = len(cluster.logs("live-periodic"))
     r = cluster.json("migrate", "live-periodic", "--to", "node-1", "--live")
-    assert r["mode"] == "postcopy" and r["rounds"] == 0 and r["bytes_precopy"] == 0 and r["downtime_ms"] > 0, r
+    assert r["mode"] == "postcopy" and r["rounds"] == 0 and r["bytes_precopy"] == 0, r
     assert r["round_why"] is None, r
+    # null when the target wrote nothing within 5 s of its last page (CI, stop 44, once): say how far
+    # the job was, and what the target's migrator said
+    assert r["downtime_ms"] is not None and r["downtime_ms"] > 0, (
+        f"{r}\n{before} of {len(want)} lines before the move\n"
+        + cluster.log_tails("migrator-node-1", "checkpointer-node-1", lines=30))
     assert cluster.ferry("wait", "live-periodic", "--timeout", "300").returncode == 0
     assert cluster.logs("live-periodic") == want
 

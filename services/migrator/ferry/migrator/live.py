@@ -221,6 +221,9 @@ class LiveTarget(NodeService):
         if target.watch is not None and target.first_write_at is None:
             # a job that writes rarely: give it a moment to show progress
             await asyncio.to_thread(target.watch.wait, FIRST_WRITE_WAIT_S)
+            if target.first_write_at is None:
+                log.info("live move of %s: the job wrote nothing to its output within %.0f s of its last page, "
+                         "so its downtime is not measured (null)", cmd.job.name, FIRST_WRITE_WAIT_S)
         target.close()
         assert target.running_at is not None and target.local_at is not None
         local = LiveLocal(pages_lazy=pages, bytes_lazy=pages * PAGE_SIZE if pages is not None else None,
